@@ -1,0 +1,244 @@
+"""``algorithm.filter_groups.*``: DAPO dynamic sampling (group filter + dynamic batcher).
+
+verl's keys (``enable``, ``metric``, ``max_num_gen_batches``) keep verl's names and meaning.
+The rest are ours; each field's docstring-comment says what it does. The defaults live here.
+
+Strategies:
+
+* ``"verl"``: the DAPO recipe's accumulator exactly (VERL_SPEC Appendix B): rounds of
+  ``data.gen_batch_size`` prompts, keep groups with ``np.std(metric) > 0`` (or a single
+  trajectory), trim to the first ``train_batch_size`` groups, drop the surplus.
+  ``carry_over``, ``adaptive_rounds``, ``skip``, ``filter_rule``, ``band`` and
+  ``adaptive_threshold`` are ignored in this mode; ``on_exhausted`` is honoured
+  (``"error"`` reproduces verl's ``ValueError``).
+* ``"default"``: ours. Surplus kept groups stay in a pool for later steps (bounded staleness),
+  rounds are sized from the observed kept rate, prompts whose recent groups were filtered are
+  skipped before rollout (with exploration), and the filter compares raw values exactly.
+
+With ``enable=False`` the batcher does one round of ``data.gen_batch_size`` prompts and hands
+back the whole generated batch, untrimmed (verl quirk Q2: with ``gen_batch_size >
+train_batch_size`` the step trains on ``gen_batch_size * n`` trajectories).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+KEY = "algorithm.filter_groups"
+
+STRATEGIES = ("default", "verl")
+ON_EXHAUSTED = ("error", "train", "skip")
+FILTER_RULES = ("zero_spread", "band")
+BUILTIN_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+SHAPED_METRICS = ("seq_reward", "seq_final_reward")
+
+
+@dataclass
+class SkipConfig:
+    """``algorithm.filter_groups.skip.*``: skip prompts before rollout from their history.
+
+    A prompt whose last ``min_streak`` groups were all filtered (no spread, or outside the band)
+    is a skip candidate; a candidate is skipped with probability ``prob``, which moves by
+    ``prob_step`` after every round toward the point where a fraction ``target`` of rolled-out
+    groups is filtered. ``prob`` never exceeds ``max_prob`` (exploration) and a prompt is never
+    skipped more than ``max_consecutive`` times in a row (bounded revisit: no prompt starves).
+    Only used by strategy ``default``.
+    """
+
+    enable: bool = True
+    # target fraction of rolled-out groups that the filter drops; skip prob rises above it
+    target: float = 0.1
+    # consecutive filtered groups before a prompt becomes a skip candidate
+    min_streak: int = 2
+    # starting skip probability for candidates
+    init_prob: float = 0.5
+    # change of the skip probability after each round
+    prob_step: float = 0.05
+    # upper bound on the skip probability (1 - max_prob is the exploration rate)
+    max_prob: float = 0.95
+    # a prompt skipped this many times in a row is rolled out on its next draw
+    max_consecutive: int = 16
+
+
+@dataclass
+class AdaptiveThresholdConfig:
+    """``algorithm.filter_groups.adaptive_threshold.*``: move the band toward a kept fraction.
+
+    Needs ``filter_rule: band``. After every round the band's half-width shrinks when more than
+    ``target`` of the rolled-out groups were kept and widens when fewer were (by ``rate`` times
+    the difference), around the band's centre, never narrower than ``min_width``.
+    """
+
+    enable: bool = False
+    # kept fraction (kept groups / rolled-out groups) the band steers toward
+    target: float = 0.5
+    # step size of the half-width update per unit of kept-fraction error
+    rate: float = 0.05
+    # the band never gets narrower than this
+    min_width: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    """``algorithm.filter_groups.*``."""
+
+    # verl: turn dynamic sampling (group filtering + accumulation) on
+    enable: bool = False
+    # verl: per-trajectory metric the filter reads: acc | score | seq_reward (sum of
+    # token_level_scores) | seq_final_reward (sum of token_level_rewards) | any reward extra key.
+    # verl's default is null (which crashes when enabled); ours is acc, the safe raw metric.
+    metric: str | None = "acc"
+    # verl: at most this many generation rounds per training step; <= 0 means no limit
+    max_num_gen_batches: int = 0
+    # "default" (ours: carry-over, adaptive rounds, skipping) or "verl" (the recipe, exactly)
+    strategy: str = "default"
+    # when max_num_gen_batches runs out: "error" (stop; verl's behaviour), "train" (train on the
+    # groups collected so far, fewer than train_batch_size) or "skip" (no update this step;
+    # with carry_over the collected groups stay in the pool)
+    on_exhausted: str = "train"
+    # keep surplus kept groups for later steps instead of dropping them (default strategy)
+    carry_over: bool = True
+    # a carried group is used at most this many policy updates after it was generated
+    max_staleness: int = 1
+    # size each round from a running estimate of the kept rate (within data.gen_batch_size)
+    adaptive_rounds: bool = True
+    # relative over-request on top of what the kept-rate estimate says is needed
+    round_margin: float = 0.1
+    # smallest round, in prompts, when adaptive_rounds is on
+    min_round_size: int = 1
+    # weight of the newest round in the kept-rate moving average
+    kept_rate_ema: float = 0.3
+    # pre-rollout skipping of prompts that keep giving filtered groups
+    skip: SkipConfig = field(default_factory=SkipConfig)
+    # "zero_spread": keep groups whose metric values are not all equal (exact equality);
+    # "band": also require the group's mean metric to lie in [band[0], band[1]]
+    filter_rule: str = "zero_spread"
+    # inclusive [low, high] bounds on the group mean metric for filter_rule=band
+    band: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    # move the band with training toward a target kept fraction
+    adaptive_threshold: AdaptiveThresholdConfig = field(default_factory=AdaptiveThresholdConfig)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def validate(cfg: FilterGroupsConfig) -> list[str]:
+    """Every problem with ``cfg``, each naming the full key ``algorithm.filter_groups.<field>``."""
+    p: list[str] = []
+
+    def bad(name: str, msg: str) -> None:
+        p.append(f"{KEY}.{name}: {msg}")
+
+    if not isinstance(cfg.enable, bool):
+        bad("enable", f"must be true or false, got {cfg.enable!r}")
+    if cfg.metric is None or not isinstance(cfg.metric, str) or not cfg.metric.strip():
+        if cfg.enable:
+            bad(
+                "metric",
+                f"must name a per-trajectory metric ({', '.join(BUILTIN_METRICS)} or a reward extra key) "
+                "when filtering is enabled; acc is the safe choice",
+            )
+    if not _is_int(cfg.max_num_gen_batches):
+        bad("max_num_gen_batches", f"must be an integer (<= 0: no limit), got {cfg.max_num_gen_batches!r}")
+    if cfg.strategy not in STRATEGIES:
+        bad("strategy", f"must be one of {', '.join(STRATEGIES)}, got {cfg.strategy!r}")
+    if cfg.on_exhausted not in ON_EXHAUSTED:
+        bad("on_exhausted", f"must be one of {', '.join(ON_EXHAUSTED)}, got {cfg.on_exhausted!r}")
+    if not isinstance(cfg.carry_over, bool):
+        bad("carry_over", f"must be true or false, got {cfg.carry_over!r}")
+    if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
+        bad("max_staleness", f"must be an integer >= 0 (policy updates), got {cfg.max_staleness!r}")
+    if not isinstance(cfg.adaptive_rounds, bool):
+        bad("adaptive_rounds", f"must be true or false, got {cfg.adaptive_rounds!r}")
+    if not _is_num(cfg.round_margin) or cfg.round_margin < 0:
+        bad("round_margin", f"must be a number >= 0, got {cfg.round_margin!r}")
+    if not _is_int(cfg.min_round_size) or cfg.min_round_size < 1:
+        bad("min_round_size", f"must be an integer >= 1, got {cfg.min_round_size!r}")
+    if not _is_num(cfg.kept_rate_ema) or not 0 < cfg.kept_rate_ema <= 1:
+        bad("kept_rate_ema", f"must be in (0, 1], got {cfg.kept_rate_ema!r}")
+
+    s = cfg.skip
+    if not isinstance(s.enable, bool):
+        bad("skip.enable", f"must be true or false, got {s.enable!r}")
+    if not _is_num(s.target) or not 0 <= s.target < 1:
+        bad("skip.target", f"must be in [0, 1), got {s.target!r}")
+    if not _is_int(s.min_streak) or s.min_streak < 1:
+        bad("skip.min_streak", f"must be an integer >= 1, got {s.min_streak!r}")
+    if not _is_num(s.max_prob) or not 0 <= s.max_prob < 1:
+        bad("skip.max_prob", f"must be in [0, 1) so that every prompt keeps a chance, got {s.max_prob!r}")
+    if not _is_num(s.init_prob) or not 0 <= s.init_prob <= 1:
+        bad("skip.init_prob", f"must be in [0, 1], got {s.init_prob!r}")
+    elif _is_num(s.max_prob) and s.init_prob > s.max_prob:
+        bad("skip.init_prob", f"must not exceed skip.max_prob={s.max_prob}, got {s.init_prob!r}")
+    if not _is_num(s.prob_step) or not 0 <= s.prob_step <= 1:
+        bad("skip.prob_step", f"must be in [0, 1], got {s.prob_step!r}")
+    if not _is_int(s.max_consecutive) or s.max_consecutive < 0:
+        bad("skip.max_consecutive", f"must be an integer >= 0 (the revisit bound), got {s.max_consecutive!r}")
+
+    if cfg.filter_rule not in FILTER_RULES:
+        bad("filter_rule", f"must be one of {', '.join(FILTER_RULES)}, got {cfg.filter_rule!r}")
+    band = cfg.band
+    try:
+        band_ok = len(band) == 2 and all(_is_num(x) for x in band)
+    except TypeError:
+        band_ok = False
+    if not band_ok:
+        bad("band", f"must be two numbers [low, high], got {band!r}")
+    elif band[0] > band[1]:
+        bad("band", f"low must not exceed high, got {list(band)!r}")
+
+    a = cfg.adaptive_threshold
+    if not isinstance(a.enable, bool):
+        bad("adaptive_threshold.enable", f"must be true or false, got {a.enable!r}")
+    elif a.enable and cfg.filter_rule != "band":
+        bad("adaptive_threshold.enable", f"needs {KEY}.filter_rule=band, got {cfg.filter_rule!r}")
+    if not _is_num(a.target) or not 0 < a.target <= 1:
+        bad("adaptive_threshold.target", f"must be in (0, 1], got {a.target!r}")
+    if not _is_num(a.rate) or a.rate < 0:
+        bad("adaptive_threshold.rate", f"must be a number >= 0, got {a.rate!r}")
+    if not _is_num(a.min_width) or a.min_width < 0:
+        bad("adaptive_threshold.min_width", f"must be a number >= 0, got {a.min_width!r}")
+    return p
+
+
+def metric_warnings(
+    cfg: FilterGroupsConfig, *, overlong_buffer_enable: bool = False, use_kl_in_reward: bool = False
+) -> list[str]:
+    """Warnings (not errors) about filtering on a shaped reward.
+
+    With ``seq_reward`` (scores incl. the overlong penalty) or ``seq_final_reward`` (also the
+    in-reward KL), groups whose answers are all wrong (or all right) survive the filter as soon
+    as the shaping differs between responses, and give gradients that only teach length/KL.
+    ``score`` is safe only when the scorer gives no partial or format credit.
+    """
+    if not cfg.enable or not cfg.metric:
+        return []
+    m = cfg.metric
+    out = []
+    shaped = (m == "seq_reward" and overlong_buffer_enable) or (
+        m == "seq_final_reward" and (overlong_buffer_enable or use_kl_in_reward)
+    )
+    if shaped:
+        out.append(
+            f"{KEY}.metric={m} is a shaped reward (overlong penalty"
+            f"{' / in-reward KL' if m == 'seq_final_reward' and use_kl_in_reward else ''}): "
+            "all-wrong groups whose lengths differ pass the filter and train on length alone; "
+            f"{KEY}.metric=acc filters on the raw correctness"
+        )
+    elif m in SHAPED_METRICS:
+        out.append(
+            f"{KEY}.metric={m} sums token-level rewards: any shaping added later lets groups with equal "
+            f"correctness pass the filter; {KEY}.metric=acc is the safe choice"
+        )
+    elif m == "score":
+        out.append(
+            f"{KEY}.metric=score: if the scorer gives partial or format credit, all-wrong groups can "
+            f"pass the filter; {KEY}.metric=acc filters on correctness"
+        )
+    return out

@@ -1,0 +1,411 @@
+"""The dynamic batcher: rounds of rollout -> group filter -> pool -> one training batch.
+
+The batcher knows nothing about models. It sees a prompt ``source`` (``.take(k)`` returns prompt
+rows, each with a stable int ``"index"``; it rolls over epochs itself; ``.epoch``) and a
+``generate(rows) -> Batch`` function that rolls out and scores ``len(rows) * n`` trajectories in
+interleaved order (p0r0..p0r(n-1), p1r0, ...).
+
+Every trajectory handed back carries two extra non-tensor columns: ``gen_version`` (the number of
+policy updates that had happened when it was generated) and ``staleness`` (policy updates between
+generation and this training step; 0 unless the group was carried over). The sampler log-probs
+(``rollout_log_probs``) travel with the group, so the update can correct for the drift.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from dapo.batch import Batch
+from dapo.config.sampling import KEY, FilterGroupsConfig, validate
+from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, OUT_OF_BAND, GroupOutcome, classify
+from dapo.sampling.history import PromptHistory
+
+log = logging.getLogger(__name__)
+
+P = "dynamic_sampling/"
+
+
+class PromptSource(Protocol):
+    epoch: int
+
+    def take(self, k: int) -> list[dict]: ...
+
+
+GenerateFn = Callable[[list[dict]], Batch]
+
+
+class GenerationBudgetExhausted(ValueError):
+    """``max_num_gen_batches`` rounds ran without filling the batch and ``on_exhausted=error``."""
+
+
+def verl_exhausted_message(num_gen_batches: int, max_num_gen_batches: int) -> str:
+    """The recipe's error text (VERL_SPEC §1.5), verbatim."""
+    return (
+        f"num_gen_batches={num_gen_batches} >= max_num_gen_batches={max_num_gen_batches}. "
+        "Generated too many. Please check if your data are too difficult. "
+        "You could also try set max_num_gen_batches=0 to enable endless trials."
+    )
+
+
+@dataclass
+class SampledStep:
+    """What the trainer gets for one training step.
+
+    ``batch``: exactly ``train_batch_size`` groups of ``n`` trajectories (groups contiguous), fewer
+    when the budget ran out with ``on_exhausted=train``, all ``gen_batch_size`` groups when
+    filtering is disabled (verl quirk Q2), ``None`` when ``action == "skip"``.
+    """
+
+    batch: Batch | None
+    action: str  # "train" | "skip"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return 0 if self.batch is None else self.batch.num_groups()
+
+
+@dataclass
+class _Group:
+    batch: Batch  # the group's n trajectories
+    version: int  # policy version when generated
+    index: int | None  # prompt index
+
+
+@dataclass
+class _Stats:
+    rounds: int = 0
+    generated_groups: int = 0
+    generated_tokens: float = 0.0
+    kept: int = 0
+    all_correct: int = 0
+    all_wrong: int = 0
+    out_of_band: int = 0
+    skipped_prompts: int = 0
+    surplus_dropped: int = 0
+    stale_dropped: int = 0
+    carried_in: int = 0
+    shaped_slip: int = 0
+    round_sizes: list[int] = field(default_factory=list)
+
+    def filtered(self) -> int:
+        return self.all_correct + self.all_wrong + self.out_of_band
+
+
+def _response_tokens(b: Batch) -> float:
+    if "response_mask" in b.tensors:
+        return float(b.tensors["response_mask"].sum().item())
+    return 0.0
+
+
+class DynamicBatcher:
+    def __init__(
+        self, cfg: FilterGroupsConfig, train_batch_size: int, gen_batch_size: int, n: int, seed: int
+    ) -> None:
+        problems = validate(cfg)
+        if problems:
+            raise ValueError("invalid dynamic-sampling config:\n  " + "\n  ".join(problems))
+        for name, v in (("data.train_batch_size", train_batch_size), ("data.gen_batch_size", gen_batch_size)):
+            if int(v) < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if int(n) < 1:
+            raise ValueError(f"actor_rollout_ref.rollout.n must be >= 1, got {n}")
+        self.cfg = cfg
+        self.train_batch_size = int(train_batch_size)
+        self.gen_batch_size = int(gen_batch_size)
+        self.n = int(n)
+        self.seed = int(seed)
+        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.version = 0  # policy updates so far (steps whose action was "train")
+        self.calls = 0  # next_batch calls so far
+        self.uid_counter = 0
+        self.pool: list[_Group] = []
+        self.history = PromptHistory()
+        self.kept_rate: float | None = None
+        self.skip_prob = float(cfg.skip.init_prob)
+        lo, hi = (float(x) for x in cfg.band)
+        self.band_center = (lo + hi) / 2
+        self.band_half = (hi - lo) / 2
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return (self.band_center - self.band_half, self.band_center + self.band_half)
+
+    def next_batch(
+        self,
+        source: PromptSource,
+        generate: GenerateFn,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> SampledStep:
+        self.calls += 1
+        st = _Stats()
+        if not self.cfg.enable:
+            step = self._step_unfiltered(source, generate, st, on_round)
+        elif self.cfg.strategy == "verl":
+            step = self._step_verl(source, generate, st, on_round)
+        else:
+            step = self._step_default(source, generate, st, on_round)
+        step.metrics.update(self._metrics(st, step, source))
+        if step.action == "train":
+            self.version += 1
+        return step
+
+    # ------------------------------------------------------------------ helpers
+
+    def _generate(self, rows: list[dict], generate: GenerateFn, st: _Stats) -> Batch:
+        b = generate(rows)
+        if len(b) != len(rows) * self.n:
+            raise ValueError(
+                f"generate() returned {len(b)} trajectories for {len(rows)} prompts with n={self.n}; "
+                f"expected {len(rows) * self.n} (interleaved, n per prompt)"
+            )
+        uids = np.empty(len(b), dtype=object)
+        for i in range(len(rows)):
+            uids[i * self.n : (i + 1) * self.n] = f"g{self.uid_counter}"
+            self.uid_counter += 1
+        b["uid"] = uids
+        b["gen_version"] = np.full(len(b), self.version, dtype=object)
+        if "index" not in b.non_tensors:
+            idx = np.empty(len(b), dtype=object)
+            for i, r in enumerate(rows):
+                idx[i * self.n : (i + 1) * self.n] = r.get("index")
+            b["index"] = idx
+        st.rounds += 1
+        st.generated_groups += len(rows)
+        st.generated_tokens += _response_tokens(b)
+        st.round_sizes.append(len(rows))
+        return b
+
+    def _count(self, outcomes: list[GroupOutcome], st: _Stats) -> None:
+        for o in outcomes:
+            if o.label == ALL_CORRECT:
+                st.all_correct += 1
+            elif o.label == ALL_WRONG:
+                st.all_wrong += 1
+            elif o.label == OUT_OF_BAND:
+                st.out_of_band += 1
+            else:
+                st.kept += 1
+                if o.acc_spread is False:
+                    st.shaped_slip += 1
+        if st.shaped_slip and "shaped" not in self._warned:
+            self._warned.add("shaped")
+            log.warning(
+                "%s.metric=%s kept groups whose acc values are all equal (the metric's spread comes from "
+                "reward shaping such as the overlong penalty); %s.metric=acc filters on correctness",
+                KEY,
+                self.cfg.metric,
+                KEY,
+            )
+
+    def _report(self, on_round, st: _Stats, kept_total: int, extra: dict | None = None) -> None:
+        if on_round is None:
+            return
+        info = {
+            "round": st.rounds,
+            "round_prompts": st.round_sizes[-1] if st.round_sizes else 0,
+            "kept": kept_total,
+            "target": self.train_batch_size,
+            "filtered": st.filtered(),
+            "filtered_all_correct": st.all_correct,
+            "filtered_all_wrong": st.all_wrong,
+            "skipped_prompts": st.skipped_prompts,
+        }
+        if extra:
+            info.update(extra)
+        on_round(info)
+
+    def _exhausted(self, st: _Stats, kept: int, verl: bool) -> str:
+        k = self.cfg.max_num_gen_batches
+        if self.cfg.on_exhausted == "error":
+            if verl:
+                raise GenerationBudgetExhausted(verl_exhausted_message(st.rounds, k))
+            raise GenerationBudgetExhausted(
+                verl_exhausted_message(st.rounds, k)
+                + f" Collected {kept} of {self.train_batch_size} groups in {st.rounds} rounds"
+                f" ({st.filtered()} filtered: {st.all_correct} all-correct, {st.all_wrong} all-wrong,"
+                f" {st.out_of_band} out of band). Knobs: {KEY}.max_num_gen_batches, data.gen_batch_size,"
+                f" {KEY}.metric, {KEY}.on_exhausted=train|skip (train on what was collected / skip the step)."
+            )
+        log.warning(
+            "%s.max_num_gen_batches=%d reached with %d of %d groups; on_exhausted=%s",
+            KEY,
+            k,
+            kept,
+            self.train_batch_size,
+            self.cfg.on_exhausted,
+        )
+        return self.cfg.on_exhausted
+
+    @staticmethod
+    def _with_staleness(b: Batch, version: int) -> Batch:
+        b["staleness"] = np.asarray([version - int(v) for v in b.non_tensors["gen_version"]], dtype=object)
+        return b
+
+    # ------------------------------------------------------------------ strategies
+
+    def _step_unfiltered(self, source, generate, st: _Stats, on_round) -> SampledStep:
+        # verl: batch = new_batch, untrimmed (quirk Q2)
+        rows = source.take(self.gen_batch_size)
+        b = self._generate(rows, generate, st)
+        st.kept += len(rows)
+        self._report(on_round, st, len(rows))
+        return SampledStep(self._with_staleness(b, self.version), "train", {})
+
+    def _step_verl(self, source, generate, st: _Stats, on_round) -> SampledStep:
+        parts: list[Batch] = []
+        kept = 0
+        k = self.cfg.max_num_gen_batches
+        while True:
+            rows = source.take(self.gen_batch_size)
+            b = self._generate(rows, generate, st)
+            outcomes = classify(b, self.cfg.metric, verl=True)
+            self._count(outcomes, st)
+            keep_rows = [r for o in outcomes if o.kept for r in o.rows.tolist()]
+            kept += sum(1 for o in outcomes if o.kept)
+            parts.append(b.select(sorted(keep_rows)))
+            self._report(on_round, st, kept)
+            if kept < self.train_batch_size:
+                if k > 0 and st.rounds >= k:
+                    action = self._exhausted(st, kept, verl=True)
+                    if action == "train" and kept > 0:
+                        return SampledStep(self._with_staleness(Batch.concat(parts), self.version), "train")
+                    st.surplus_dropped += kept
+                    return SampledStep(None, "skip")
+                continue
+            full = Batch.concat(parts)
+            st.surplus_dropped += kept - self.train_batch_size
+            batch = full.slice(0, self.train_batch_size * self.n)
+            return SampledStep(self._with_staleness(batch, self.version), "train")
+
+    def _step_default(self, source, generate, st: _Stats, on_round) -> SampledStep:
+        raise NotImplementedError("strategy default: see next commit")
+
+    # ------------------------------------------------------------------ metrics
+
+    def _metrics(self, st: _Stats, step: SampledStep, source) -> dict[str, float]:
+        trained_groups = step.num_groups
+        trained_tokens = _response_tokens(step.batch) if step.batch is not None else 0.0
+        m: dict[str, float] = {
+            "train/num_gen_batches": st.rounds,
+            P + "rounds": st.rounds,
+            P + "generated_groups": st.generated_groups,
+            P + "kept_groups": st.kept,
+            P + "filtered_groups": st.filtered(),
+            P + "filtered_all_correct": st.all_correct,
+            P + "filtered_all_wrong": st.all_wrong,
+            P + "filtered_out_of_band": st.out_of_band,
+            P + "skipped_prompts": st.skipped_prompts,
+            P + "trained_groups": trained_groups,
+            P + "carried_in": st.carried_in,
+            P + "surplus_carried": sum(1 for _ in self.pool),
+            P + "surplus_dropped": st.surplus_dropped + st.stale_dropped,
+            P + "stale_dropped": st.stale_dropped,
+            P + "qualified_ratio": st.kept / st.generated_groups if st.generated_groups else 0.0,
+            P + "generated_groups_per_trained_group": (
+                st.generated_groups / trained_groups if trained_groups else 0.0
+            ),
+            P + "gen_tokens_per_train_token": (
+                st.generated_tokens / trained_tokens if trained_tokens else 0.0
+            ),
+            P + "generated_response_tokens": st.generated_tokens,
+            P + "trained_response_tokens": trained_tokens,
+            P + "skipped_step": 1.0 if step.action == "skip" else 0.0,
+            P + "partial_step": (
+                1.0
+                if step.action == "train" and self.cfg.enable and trained_groups < self.train_batch_size
+                else 0.0
+            ),
+            P + "shaped_metric_slip": st.shaped_slip,
+            P + "round_prompts_mean": float(np.mean(st.round_sizes)) if st.round_sizes else 0.0,
+            P + "skip_prob": self.skip_prob if self._skipping() else 0.0,
+            P + "kept_rate_estimate": self.kept_rate if self.kept_rate is not None else 0.0,
+            P + "policy_version": self.version,
+        }
+        if step.batch is not None and "staleness" in step.batch.non_tensors and len(step.batch):
+            stl = np.asarray(step.batch.non_tensors["staleness"].tolist(), dtype=np.float64)
+            m[P + "staleness_mean"] = float(stl.mean())
+            m[P + "staleness_max"] = float(stl.max())
+        else:
+            m[P + "staleness_mean"] = 0.0
+            m[P + "staleness_max"] = 0.0
+        if self.cfg.filter_rule == "band" and self.cfg.strategy == "default":
+            lo, hi = self.band
+            m[P + "band_low"] = lo
+            m[P + "band_high"] = hi
+        epoch = getattr(source, "epoch", None)
+        if isinstance(epoch, int):
+            m[P + "epoch"] = epoch
+        return m
+
+    def _skipping(self) -> bool:
+        return bool(self.cfg.enable and self.cfg.strategy == "default" and self.cfg.skip.enable)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed for an exact resume. JSON-able when the rows' non-tensor values are."""
+        return {
+            "version": self.version,
+            "calls": self.calls,
+            "uid_counter": self.uid_counter,
+            "rng": self.rng.bit_generator.state,
+            "kept_rate": self.kept_rate,
+            "skip_prob": self.skip_prob,
+            "band": [self.band_center, self.band_half],
+            "history": self.history.state_dict(),
+            "pool": [
+                {"version": g.version, "index": g.index, "batch": _batch_to_state(g.batch)} for g in self.pool
+            ],
+            "warned": sorted(self._warned),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.version = int(d["version"])
+        self.calls = int(d["calls"])
+        self.uid_counter = int(d["uid_counter"])
+        self.rng = np.random.Generator(np.random.PCG64())
+        self.rng.bit_generator.state = d["rng"]
+        self.kept_rate = None if d["kept_rate"] is None else float(d["kept_rate"])
+        self.skip_prob = float(d["skip_prob"])
+        self.band_center, self.band_half = (float(x) for x in d["band"])
+        self.history = PromptHistory.from_state_dict(d["history"])
+        self.pool = [_Group(_batch_from_state(g["batch"]), int(g["version"]), g["index"]) for g in d["pool"]]
+        self._warned = set(d.get("warned", []))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _batch_to_state(b: Batch) -> dict[str, Any]:
+    return {
+        "tensors": {
+            k: {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "data": t.flatten().tolist(),
+            }
+            for k, t in b.tensors.items()
+        },
+        "non_tensors": {k: [_plain(x) for x in v.tolist()] for k, v in b.non_tensors.items()},
+    }
+
+
+def _batch_from_state(d: dict[str, Any]) -> Batch:
+    tensors = {
+        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
+        for k, t in d["tensors"].items()
+    }
+    return Batch(tensors=tensors, non_tensors={k: list(v) for k, v in d["non_tensors"].items()})

@@ -1,0 +1,146 @@
+"""Fake prompt sources and rollouts for tests and the simulator (no model anywhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dapo.batch import Batch
+
+
+class ListSource:
+    """Rows of a fixed list, shuffled per epoch (seeded), rolling over epochs forever.
+
+    Mirrors the trainer's stateful sampler: ``take(k)`` never runs dry; ``epoch`` counts
+    completed passes; ``state_dict``/``load_state_dict`` give an exact resume.
+    """
+
+    def __init__(self, rows: Sequence[dict], seed: int = 0, shuffle: bool = True) -> None:
+        if not rows:
+            raise ValueError("ListSource needs at least one row")
+        self.rows = list(rows)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.pos = 0
+        self.taken = 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            np.random.default_rng([self.seed, self.epoch]).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[dict]:
+        out = []
+        for _ in range(k):
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._make_order()
+            out.append(dict(self.rows[self._order[self.pos]]))
+            self.pos += 1
+        self.taken += len(out)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "pos": self.pos, "taken": self.taken}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.epoch, self.pos, self.taken = int(d["epoch"]), int(d["pos"]), int(d["taken"])
+        self._order = self._make_order()
+
+
+def prompt_rows(num: int) -> list[dict]:
+    return [{"index": i, "data_source": "fake", "reward_model": {"ground_truth": str(i)}} for i in range(num)]
+
+
+AccFn = Callable[[dict, int, np.random.Generator], Sequence[float]]
+
+
+class FakeRollout:
+    """``generate(rows) -> Batch`` with ``n`` responses per row, interleaved.
+
+    ``acc_fn(row, n, rng)`` returns the n correctness values (0/1 or bools) of the row's responses.
+    Responses get random lengths in [1, response_length]; ``score`` is +1/-1 (math_dapo), the
+    token-level scores put score (+ an optional overlong penalty) at the last valid token.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        acc_fn: AccFn,
+        *,
+        response_length: int = 8,
+        seed: int = 0,
+        overlong_penalty: float = 0.0,
+    ) -> None:
+        self.n = n
+        self.acc_fn = acc_fn
+        self.response_length = response_length
+        self.rng = np.random.default_rng(seed)
+        self.overlong_penalty = overlong_penalty
+        self.calls = 0
+        self.prompts_generated = 0
+
+    def __call__(self, rows: list[dict]) -> Batch:
+        self.calls += 1
+        self.prompts_generated += len(rows)
+        n, r = self.n, self.response_length
+        total = len(rows) * n
+        accs: list[float] = []
+        for row in rows:
+            vals = list(self.acc_fn(row, n, self.rng))
+            if len(vals) != n:
+                raise ValueError("acc_fn must return n values")
+            accs.extend(float(v) for v in vals)
+        lengths = self.rng.integers(1, r + 1, size=total)
+        mask = torch.zeros(total, r, dtype=torch.float32)
+        scores = torch.zeros(total, r, dtype=torch.float32)
+        for i, ln in enumerate(lengths.tolist()):
+            mask[i, :ln] = 1.0
+            pen = -self.overlong_penalty * (ln / r) if ln > r // 2 else 0.0
+            scores[i, ln - 1] = (1.0 if accs[i] > 0 else -1.0) + pen
+        logp = torch.as_tensor(-self.rng.random((total, r)), dtype=torch.float32) * mask
+        index = [row["index"] for row in rows for _ in range(n)]
+        return Batch(
+            tensors={
+                "responses": torch.arange(total * r).reshape(total, r) % 97,
+                "response_mask": mask,
+                "rollout_log_probs": logp,
+                "token_level_scores": scores,
+                "token_level_rewards": scores.clone(),
+            },
+            non_tensors={
+                "index": index,
+                "acc": [bool(a > 0) for a in accs],
+                "score": [1.0 if a > 0 else -1.0 for a in accs],
+            },
+        )
+
+
+def scripted(table: dict[int, Sequence[Sequence[float]]]) -> AccFn:
+    """acc_fn that returns, for prompt ``index``, the next entry of ``table[index]`` (cycling)."""
+    seen: dict[int, int] = {}
+
+    def fn(row: dict, n: int, rng: np.random.Generator) -> Sequence[float]:
+        i = row["index"]
+        k = seen.get(i, 0)
+        seen[i] = k + 1
+        seq = table[i]
+        return seq[k % len(seq)]
+
+    return fn
+
+
+def bernoulli(prob: Callable[[dict], float]) -> AccFn:
+    """acc_fn drawing each response correct with probability ``prob(row)``."""
+
+    def fn(row: dict, n: int, rng: np.random.Generator) -> Sequence[float]:
+        return (rng.random(n) < prob(row)).astype(float).tolist()
+
+    return fn
