@@ -51,12 +51,12 @@ def check_loss_agg_mode(loss_agg_mode: str) -> None:
 
 
 def _count(local: torch.Tensor, given: int | float | torch.Tensor | None, what: str, dp_size: int):
+    # A count of 0 means there is nothing to average: the numerator is 0 as well, and clamping
+    # the count to >= 1 gives 0 instead of verl's NaN. For any count >= 1 nothing changes.
     if given is not None:
-        return given
+        return given.clamp(min=1) if isinstance(given, torch.Tensor) else max(given, 1)
     if dp_size > 1:
         raise ValueError(f"agg_loss: the global {what} is required when dp_size > 1")
-    # A local count of 0 means there is nothing to average: the numerator is 0 as well, and
-    # clamping gives 0 instead of verl's NaN. For any count >= 1 the value is unchanged.
     return local.clamp(min=1)
 
 
