@@ -11,7 +11,9 @@ from typing import Any
 __all__ = [
     "DAPORewardManager",
     "NaiveRewardManager",
+    "RewardObjective",
     "RewardOutput",
+    "ScoringConfig",
     "ScoringPool",
     "build_reward_manager",
     "default_compute_score",
@@ -19,10 +21,20 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("DAPORewardManager", "NaiveRewardManager", "RewardOutput", "build_reward_manager"):
+    if name in (
+        "DAPORewardManager",
+        "NaiveRewardManager",
+        "RewardOutput",
+        "RewardObjective",
+        "ScoringConfig",
+    ):
         from dapo.reward import manager
 
         return getattr(manager, name)
+    if name == "build_reward_manager":
+        from dapo.reward.factory import build_reward_manager
+
+        return build_reward_manager
     if name == "ScoringPool":
         from dapo.reward.pool import ScoringPool
 
