@@ -4,7 +4,8 @@ With z = logits / temperature (VERL_SPEC 3.7: the ratio and the entropy see the 
 the sampler drew from):
 
     log p(y) = z_y - logsumexp(z)
-    H        = logsumexp(z) - sum_v softmax(z)_v z_v
+    H        = -sum_v p_v log p_v   (= logsumexp(z) - sum_v p_v z_v, verl's form; the sum of
+                                      non-negative terms avoids its float32 cancellation)
 
 Memory: a vocabulary-sized row is never held more than a chunk at a time. The forward pass
 works over chunks of rows and keeps for backward only the input logits (a reference, not a
@@ -12,7 +13,7 @@ copy) and one float per row; the backward pass allocates the gradient (the one e
 logits-sized tensor, unavoidable) and fills it chunk by chunk, recomputing softmax. Half or
 bfloat16 logits are upcast per chunk, so results are float32 (float64 inputs stay float64).
 
-Gradients: d log p(y)/dz = onehot(y) - p;  dH/dz = -p * (z - E_p[z]), with E_p[z] = lse - H.
+Gradients: d log p(y)/dz = onehot(y) - p;  dH/dz = -p * (z - E_p[z]) = -p * (log p + H).
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class _LogProbEntropy(torch.autograd.Function):
                 if want_logp:
                     logp[rows] = z.gather(-1, flat_labels[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
                 if want_entropy:
-                    z_exp = torch.exp(z - lse[rows].unsqueeze(-1))  # softmax, reusing one temporary
-                    ent[rows] = lse[rows] - (z_exp * z).sum(dim=-1)
+                    log_p = z.sub_(lse[rows].unsqueeze(-1))  # in place: z becomes log softmax
+                    # H = -sum p log p: every term >= 0, so no cancellation (lse - E[z] has some)
+                    ent[rows] = -(torch.exp(log_p) * log_p).sum(dim=-1)
         ctx.save_for_backward(logits, flat_labels if want_logp else None, lse, ent)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.want_logp, ctx.want_entropy = want_logp, want_entropy
@@ -88,13 +90,13 @@ class _LogProbEntropy(torch.autograd.Function):
         g_h = grad_ent.reshape(-1).to(dtype) if (ctx.want_entropy and grad_ent is not None) else None
         for off, chunk in _chunks(logits, ctx.chunk_rows):
             rows = slice(off, off + chunk.shape[0])
-            z = chunk.to(dtype) / temperature
-            p = torch.exp(z - lse[rows].unsqueeze(-1))
-            # dz = g_lp * (onehot(y) - p) - g_h * p * (z - E_p[z])
+            log_p = chunk.to(dtype).div(temperature).sub_(lse[rows].unsqueeze(-1))
+            p = torch.exp(log_p)
+            # dz = g_lp * (onehot(y) - p) - g_h * p * (z - E_p[z]),  z - E_p[z] = log_p + H
             coef = torch.zeros_like(lse[rows]) if g_lp is None else g_lp[rows]
             if g_h is not None:
-                mean_z = lse[rows] - ent[rows]
-                dz = z.sub_(mean_z.unsqueeze(-1)).mul_(g_h[rows].unsqueeze(-1)).add_(coef.unsqueeze(-1))
+                centred = log_p.add_(ent[rows].unsqueeze(-1))
+                dz = centred.mul_(g_h[rows].unsqueeze(-1)).add_(coef.unsqueeze(-1))
                 dz = dz.mul_(p).neg_()
             else:
                 dz = p.mul_(-coef.unsqueeze(-1))
