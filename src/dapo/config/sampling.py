@@ -40,9 +40,12 @@ class SkipConfig:
 
     A prompt whose last ``min_streak`` groups were all filtered (no spread, or outside the band)
     is a skip candidate; a candidate is skipped with probability ``prob``, which moves by
-    ``prob_step`` after every round toward the point where a fraction ``target`` of rolled-out
-    groups is filtered. ``prob`` never exceeds ``max_prob`` (exploration) and a prompt is never
-    skipped more than ``max_consecutive`` times in a row (bounded revisit: no prompt starves).
+    ``prob_step`` after every round toward the point where a (smoothed) fraction ``target`` of
+    rolled-out groups is filtered. ``prob`` never exceeds ``max_prob``; the exploration chance
+    ``1 - prob`` is divided by ``1 + streak - min_streak`` (prompts filtered many times in a row are
+    rechecked less often), and a prompt is never skipped more than ``max_consecutive`` times in a
+    row (bounded revisit: every prompt is rolled out at least once per ``max_consecutive + 1``
+    draws of it, so none starves and drifted prompts are found again).
     Only used by strategy ``default``.
     """
 
@@ -50,15 +53,15 @@ class SkipConfig:
     # target fraction of rolled-out groups that the filter drops; skip prob rises above it
     target: float = 0.1
     # consecutive filtered groups before a prompt becomes a skip candidate
-    min_streak: int = 2
+    min_streak: int = 1
     # starting skip probability for candidates
     init_prob: float = 0.5
     # change of the skip probability after each round
     prob_step: float = 0.05
     # upper bound on the skip probability (1 - max_prob is the exploration rate)
-    max_prob: float = 0.95
+    max_prob: float = 0.99
     # a prompt skipped this many times in a row is rolled out on its next draw
-    max_consecutive: int = 16
+    max_consecutive: int = 64
 
 
 @dataclass

@@ -14,6 +14,7 @@ generation and this training step; 0 unless the group was carried over). The sam
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -288,7 +289,118 @@ class DynamicBatcher:
             return SampledStep(self._with_staleness(batch, self.version), "train")
 
     def _step_default(self, source, generate, st: _Stats, on_round) -> SampledStep:
-        raise NotImplementedError("strategy default: see next commit")
+        cfg = self.cfg
+        B = self.train_batch_size
+        # groups older than max_staleness policy updates are never trained on
+        live = []
+        for g in self.pool:
+            if self.version - g.version > cfg.max_staleness:
+                st.stale_dropped += 1
+            else:
+                live.append(g)
+        self.pool = live
+        fresh: list[_Group] = []
+        have = len(self.pool)
+        exhausted = None
+        k_max = cfg.max_num_gen_batches
+        while have < B:
+            if k_max > 0 and st.rounds >= k_max:
+                exhausted = self._exhausted(st, have, verl=False)
+                break
+            rows, skipped = self._draw(source, self._round_size(B - have))
+            st.skipped_prompts += skipped
+            b = self._generate(rows, generate, st)
+            outcomes = classify(b, cfg.metric, rule=cfg.filter_rule, band=self.band)
+            self._count(outcomes, st)
+            kept_now = 0
+            index_col = b.non_tensors["index"]
+            for o in outcomes:
+                idx = index_col[o.rows[0]]
+                idx = None if idx is None else int(idx)
+                if idx is not None:
+                    self.history.record(idx, filtered=not o.kept, mean=o.mean)
+                if o.kept:
+                    fresh.append(_Group(b.select(o.rows), self.version, idx))
+                    kept_now += 1
+            have += kept_now
+            self._adapt(len(rows), kept_now)
+            self._report(
+                on_round,
+                st,
+                have,
+                {
+                    "pool": len(self.pool),
+                    "skip_prob": self.skip_prob,
+                    "kept_rate_estimate": self.kept_rate,
+                },
+            )
+        groups = self.pool + fresh  # oldest first: carried groups are used before they expire
+        if exhausted == "skip" or (exhausted == "train" and not groups):
+            if cfg.carry_over:
+                self.pool = groups  # nothing is lost; staleness still bounds their use
+            else:
+                st.surplus_dropped += len(groups)
+                self.pool = []
+            return SampledStep(None, "skip")
+        take, rest = groups[:B], groups[B:]
+        if cfg.carry_over:
+            self.pool = rest
+        else:
+            st.surplus_dropped += len(rest)
+            self.pool = []
+        st.carried_in = sum(1 for g in take if g.version < self.version)
+        batch = Batch.concat([g.batch for g in take])
+        return SampledStep(self._with_staleness(batch, self.version), "train")
+
+    def _round_size(self, need: int) -> int:
+        cfg = self.cfg
+        if not cfg.adaptive_rounds or self.kept_rate is None:
+            return self.gen_batch_size
+        rate = max(self.kept_rate, 0.02)
+        k = math.ceil(need * (1.0 + cfg.round_margin) / rate)
+        return int(min(self.gen_batch_size, max(cfg.min_round_size, k)))
+
+    def _draw(self, source, k: int) -> tuple[list[dict], int]:
+        """k prompts to roll out, skipping candidates from the history. Terminates: a prompt is
+        skipped at most ``skip.max_consecutive`` times in a row."""
+        if not self._skipping() or self.skip_prob <= 0:
+            return source.take(k), 0
+        sc = self.cfg.skip
+        prob = min(self.skip_prob, sc.max_prob)
+        chosen: list[dict] = []
+        skipped = 0
+        while len(chosen) < k:
+            for row in source.take(k - len(chosen)):
+                idx = row.get("index")
+                if idx is not None and self.history.should_skip(
+                    int(idx),
+                    prob=prob,
+                    min_streak=sc.min_streak,
+                    max_consecutive=sc.max_consecutive,
+                    rng=self.rng,
+                ):
+                    skipped += 1
+                else:
+                    chosen.append(row)
+        return chosen, skipped
+
+    def _adapt(self, generated: int, kept: int) -> None:
+        if generated <= 0:
+            return
+        cfg = self.cfg
+        rate = kept / generated
+        a = cfg.kept_rate_ema
+        self.kept_rate = rate if self.kept_rate is None else (1 - a) * self.kept_rate + a * rate
+        if self._skipping():
+            sc = cfg.skip
+            # compare the smoothed filtered fraction (not one noisy round) with the target
+            if 1.0 - self.kept_rate > sc.target:
+                self.skip_prob = min(sc.max_prob, self.skip_prob + sc.prob_step)
+            else:
+                self.skip_prob = max(0.0, self.skip_prob - sc.prob_step)
+        at = cfg.adaptive_threshold
+        if at.enable and cfg.filter_rule == "band":
+            self.band_half = max(at.min_width / 2, self.band_half - at.rate * (rate - at.target))
 
     # ------------------------------------------------------------------ metrics
 

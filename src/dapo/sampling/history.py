@@ -39,8 +39,10 @@ class PromptHistory:
         rec = self.records.get(int(index))
         if rec is None or rec.streak < min_streak or rec.skips >= max_consecutive:
             return False
+        # exploration (1 - prob) shrinks with the streak: a prompt filtered many times in a row is
+        # rechecked less often, but never less than once per max_consecutive + 1 draws.
         # draw only for candidates so that the RNG stream depends on the history alone
-        if rng.random() < prob:
+        if rng.random() < 1.0 - (1.0 - prob) / (1 + rec.streak - min_streak):
             rec.skips += 1
             rec.total_skips += 1
             return True
