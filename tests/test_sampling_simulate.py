@@ -1,0 +1,36 @@
+"""The simulator's claim: default generates at most half the groups per trained group of verl mode,
+with a qualified ratio >= 0.85 after warm-up, on a population where most prompts give no spread."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from dapo.sampling.simulate import default_strategies, format_table, register, run_all
+
+torch.set_num_threads(1)
+
+
+def test_default_beats_verl_on_mostly_no_spread_population():
+    s = default_strategies()
+    r = run_all(strategies={"verl": s["verl"], "default": s["default"]})
+    assert r["config"]["no_spread_fraction_start"] > 0.5
+    verl, ours = r["strategies"]["verl"], r["strategies"]["default"]
+    assert ours["generated_groups_per_trained_group"] <= 0.5 * verl["generated_groups_per_trained_group"]
+    assert ours["qualified_ratio"] >= 0.85
+    assert ours["staleness_max"] <= 1
+    assert verl["skipped_prompts"] == 0 and ours["skipped_prompts"] > 0
+    assert "default" in format_table(r)
+
+
+def test_register_adds_bench_sampling_json(capsys):
+    parser = argparse.ArgumentParser(prog="dapo bench")
+    register(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(["sampling", "--json", "--steps", "4", "--num-prompts", "64"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"verl", "default"} <= set(out["strategies"])
+    for figures in out["strategies"].values():
+        assert "generated_groups_per_trained_group" in figures and "qualified_ratio" in figures
