@@ -307,6 +307,18 @@ class DynamicBatcher:
             if k_max > 0 and st.rounds >= k_max:
                 exhausted = self._exhausted(st, have, verl=False)
                 break
+            if st.rounds and st.rounds % 50 == 0:
+                log.warning(
+                    "%d generation rounds for one step, %d of %d groups kept so far (%d filtered); "
+                    "%s.max_num_gen_batches=%d. Set it > 0 with %s.on_exhausted=train|skip to bound this",
+                    st.rounds,
+                    have,
+                    B,
+                    st.filtered(),
+                    KEY,
+                    k_max,
+                    KEY,
+                )
             rows, skipped = self._draw(source, self._round_size(B - have))
             st.skipped_prompts += skipped
             b = self._generate(rows, generate, st)
