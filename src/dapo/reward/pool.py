@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections import deque
@@ -184,8 +185,17 @@ def _worker_entry(fd: int) -> None:
     _worker_main(Connection(sock.detach()))
 
 
+def _orphan_watchdog(parent_pid: int) -> None:
+    """Exit if the trainer dies, even while a scorer hangs (the socket EOF is not seen then)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
 def _worker_main(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
+    threading.Thread(target=_orphan_watchdog, args=(os.getppid(),), daemon=True).start()
     loaded: dict[ScorerRef, Callable[..., Any]] = {}
     while True:
         try:
