@@ -29,7 +29,8 @@ PLANTED = {
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dapo")
-    register(parser.add_subparsers(dest="command"))
+    data = parser.add_subparsers(dest="command").add_parser("data")
+    register(data.add_subparsers(dest="data_command"))
     args = parser.parse_args(argv)
     return args.func(args)
 

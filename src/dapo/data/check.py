@@ -321,19 +321,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``data check`` to a CLI's subparsers (creates the ``data`` group)."""
-    data = subparsers.add_parser("data", help="inspect data files")
-    group = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
-    register_check(group)
-    return data
-
-
-def register_check(data_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``check`` to an existing ``data`` command group."""
+def register(data_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``check`` to the ``dapo data`` command group's subparsers (``dapo data check``)."""
     parser = data_subparsers.add_parser("check", help="find schema problems by row; summarise the file")
     add_arguments(parser)
     return parser
+
+
+register_check = register
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience
