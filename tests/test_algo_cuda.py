@@ -50,7 +50,9 @@ def _run(device):
         out[mode], out[mode + ".grad"] = loss, x.grad
     out["agg"] = agg_loss(new, mask, "seq-mean-token-sum-norm")
     out["k3+"] = kl_penalty(new, old, "k3+")
-    out["tis"] = compute_rollout_correction(old, new, mask, "token", 2.0)[0]
+    out["tis"], out["rs"], _ = compute_rollout_correction(
+        old, new, mask, "token", 2.0, rollout_rs="seq_mean_k3,token_k1", rollout_rs_threshold="0.05,0.7_1.5"
+    )
     x = logits.clone().requires_grad_(True)
     lp, h = logprobs_and_entropy(x, labels, 0.7, True, chunk_rows=7)
     (lp + h).sum().backward()

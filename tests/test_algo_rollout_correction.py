@@ -10,6 +10,7 @@ from dapo.algo.rollout_correction import (
     compute_offpolicy_metrics,
     compute_rollout_correction,
     compute_rollout_correction_weights,
+    compute_rollout_rejection_mask,
     parse_rollout_is_threshold,
 )
 
@@ -85,21 +86,53 @@ def test_offpolicy_metrics_hand_vector():
 
 
 def test_compute_rollout_correction_prefix_and_off_switch():
-    weights, metrics = compute_rollout_correction(
+    weights, new_mask, metrics = compute_rollout_correction(
         OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=2.0
     )
     assert torch.allclose(weights, torch.tensor([[2.0, 0.25, 1.0], [1.5, 0.0, 0.0]]), atol=1e-6)
     assert all(k.startswith("rollout_corr/") for k in metrics)
     assert {"rollout_corr/rollout_is_mean", "rollout_corr/kl", "rollout_corr/ppl_ratio"} <= set(metrics)
-    weights, metrics = compute_rollout_correction(OLD, ROLLOUT, MASK)
+    weights, new_mask, metrics = compute_rollout_correction(OLD, ROLLOUT, MASK)
+    assert torch.equal(new_mask, MASK)
     assert weights is None and "rollout_corr/kl" in metrics and "rollout_corr/rollout_is_mean" not in metrics
     with pytest.raises(ValueError, match="shape"):
         compute_rollout_correction(OLD, ROLLOUT[:, :2], MASK)
 
 
 def test_weights_feed_the_policy_loss():
-    weights, _ = compute_rollout_correction(OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=2.0)
+    weights, _, _ = compute_rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=2.0
+    )
     adv = torch.ones(2, 3)
     loss, _ = get_policy_loss_fn("vanilla")(OLD, OLD, adv, MASK, "token-mean", None, weights)
     # on-policy ratio 1: per-token loss -1, weighted by w
     assert loss.item() == pytest.approx(-(2.0 + 0.25 + 1.0 + 1.5) / 4, abs=1e-6)
+
+
+def test_rejection_token_and_sequence_hand_vectors():
+    # token_k1 keeps log(lower) <= -log_ratio <= log(upper), i.e. pi_rollout/pi_train in [1/2, 2]:
+    # ratios pi_train/pi_rollout are [3, .25, 1 | 1.5] -> tokens 0 and 1 of row 0 are rejected
+    mask, m = compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k1", 2.0)
+    assert mask.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    assert m["rollout_rs_token_k1_masked_fraction"] == pytest.approx(0.5)
+    assert m["rollout_rs_masked_fraction"] == pytest.approx(0.5)
+    assert m["rollout_rs_seq_masked_fraction"] == pytest.approx(0.5)
+    # seq_max_k2: max of x^2/2 per row: row 0 (ln 4)^2/2 = 0.961, row 1 (ln 1.5)^2/2 = 0.082
+    mask, m = compute_rollout_rejection_mask(LOG_RATIO, MASK, "seq_max_k2", 0.5)
+    assert mask.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    assert m["rollout_rs_seq_max_k2_max"] == pytest.approx(math.log(4) ** 2 / 2, rel=1e-6)
+    # several options: every one must keep the token; per-option thresholds comma separated
+    mask, _ = compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k3, seq_mean_k1", "10,0.5_2")
+    # k3 = r - 1 - ln r <= 10 everywhere; seq_mean_k1: row 0 mean(-x) = -ln(.75)/3 within ln .5..ln 2
+    assert torch.equal(mask, MASK)
+    with pytest.raises(ValueError, match="token_k1"):
+        compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k4", 2.0)
+    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+        compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k2", None)
+    with pytest.raises(ValueError, match="single upper bound"):
+        compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k2", "0.1_2")
+    _, new_mask, metrics = compute_rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_rs="token_k1", rollout_rs_threshold=2.0
+    )
+    assert new_mask.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    assert "rollout_corr/rollout_rs_masked_fraction" in metrics

@@ -26,7 +26,11 @@ from dapo.algo.policy_loss import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from dapo.algo.rollout_correction import compute_offpolicy_metrics, compute_rollout_correction
+from dapo.algo.rollout_correction import (
+    compute_offpolicy_metrics,
+    compute_rollout_correction,
+    compute_rollout_rejection_mask,
+)
 from dapo.algo.utils import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "register_policy_loss",
     "compute_offpolicy_metrics",
     "compute_rollout_correction",
+    "compute_rollout_rejection_mask",
     "masked_mean",
     "masked_sum",
     "masked_var",

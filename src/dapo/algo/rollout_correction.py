@@ -16,10 +16,15 @@ Weights are zero on padding and detached; the policy loss multiplies its per-tok
 rollout_is_threshold, rollout_is_batch_normalize}`. Metric names are verl's under
 `rollout_corr/` (rollout_is_mean, rollout_is_eff_sample_size, kl, k3_kl, training_ppl,
 rollout_ppl, log_ppl_diff, ppl_ratio, chi2_token, chi2_seq, ...).
-Rejection sampling (`rollout_rs`) is not implemented.
+
+Rejection sampling (`rollout_rs`, `rollout_rs_threshold`) masks tokens or whole sequences whose
+divergence between the two policies leaves a hard trust region; see
+`compute_rollout_rejection_mask`.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -32,6 +37,8 @@ __all__ = [
     "compute_is_metrics",
     "compute_offpolicy_metrics",
     "compute_rollout_correction",
+    "ROLLOUT_RS_OPTIONS",
+    "compute_rollout_rejection_mask",
 ]
 
 SAFETY_BOUND = 20.0
@@ -203,6 +210,181 @@ def compute_offpolicy_metrics(
     return metrics
 
 
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+
+
+def _parse_rs_thresholds(
+    options: list[str], spec: str | float | None
+) -> dict[str, tuple[float | None, float]]:
+    """{option: (lower or None, upper)}: one threshold shared by all options, or one per option
+    (comma separated). k1 options take "lower_upper" (a single value u means 1/u_u)."""
+    if spec is None:
+        raise ValueError(
+            "algorithm.rollout_correction.rollout_rs_threshold is required when rollout_rs is set"
+        )
+    if isinstance(spec, bool) or not isinstance(spec, int | float | str):
+        raise TypeError("rollout_rs_threshold must be a number or a comma-separated string")
+    parts = (
+        [str(spec)] if isinstance(spec, int | float) else [x.strip() for x in spec.split(",") if x.strip()]
+    )
+    if len(parts) not in (1, len(options)):
+        raise ValueError(
+            f"rollout_rs_threshold: give one threshold or {len(options)} (one per rollout_rs option)"
+        )
+    parts = parts * len(options) if len(parts) == 1 else parts
+    out: dict[str, tuple[float | None, float]] = {}
+    for option, part in zip(options, parts):
+        try:
+            if option.endswith("k1"):
+                lo_s, hi_s = part.split("_", 1) if "_" in part else (None, part)
+                upper = float(hi_s)
+                lower = float(lo_s) if lo_s is not None else 1.0 / upper
+                if lower <= 0 or upper <= 0 or lower > upper:
+                    raise ValueError(
+                        f"rollout_rs_threshold for {option} needs 0 < lower <= upper, got {part!r}"
+                    )
+                out[option] = (lower, upper)
+            else:
+                if "_" in part:
+                    raise ValueError(
+                        f"rollout_rs_threshold for {option} takes a single upper bound, got {part!r}"
+                    )
+                upper = float(part)
+                if upper <= 0:
+                    raise ValueError(f"rollout_rs_threshold for {option} must be positive, got {part!r}")
+                out[option] = (None, upper)
+        except ValueError as exc:
+            if "rollout_rs_threshold" in str(exc):
+                raise
+            raise ValueError(f"Invalid rollout_rs_threshold {part!r} for option {option}") from exc
+    return out
+
+
+def _rs_option_metrics(name, stat, mask, seq_valid, level, seq_values, upper, lower, use_lower):
+    """Per-option statistics, named rollout_rs_<option>_* as in verl."""
+    p = f"rollout_rs_{name}"
+    mask_bool = mask.bool()
+    if seq_values is None:
+        seq_values = masked_mean(stat, mask, axis=-1)
+    seq_v = seq_values[seq_valid]
+    m: dict[str, float] = {f"{p}_mean": masked_mean(stat, mask).item()}
+    if level == "sequence" and seq_v.numel() > 0:
+        m[f"{p}_max"], m[f"{p}_min"] = seq_v.max().item(), seq_v.min().item()
+        m[f"{p}_fraction_high"] = (seq_v > upper).float().mean().item()
+        m[f"{p}_fraction_low"] = (seq_v < lower).float().mean().item() if use_lower else 0.0
+    else:
+        m[f"{p}_max"] = stat.masked_fill(~mask_bool, float("-inf")).max().item()
+        m[f"{p}_min"] = stat.masked_fill(~mask_bool, float("inf")).min().item()
+        m[f"{p}_fraction_high"] = masked_mean((stat > upper).float(), mask).item()
+        m[f"{p}_fraction_low"] = masked_mean((stat < lower).float(), mask).item() if use_lower else 0.0
+    if mask.sum() > 1:
+        clamped = stat.clamp(min=lower if use_lower else 0.0, max=upper)
+        mean_c = masked_mean(clamped, mask)
+        m[f"{p}_std"] = torch.sqrt(
+            (masked_mean(clamped.square(), mask) - mean_c.square()).clamp(min=0.0)
+        ).item()
+    else:
+        m[f"{p}_std"] = 0.0
+    if seq_v.numel() > 0:
+        m[f"{p}_seq_mean"] = seq_v.mean().item()
+        m[f"{p}_seq_std"] = seq_v.std().item() if seq_v.numel() > 1 else 0.0
+        m[f"{p}_seq_max"], m[f"{p}_seq_min"] = seq_v.max().item(), seq_v.min().item()
+        m[f"{p}_seq_max_deviation"] = seq_v.abs().max().item()
+        m[f"{p}_seq_fraction_high"] = (seq_v > upper).float().mean().item()
+        if use_lower:
+            m[f"{p}_seq_fraction_low"] = (seq_v < lower).float().mean().item()
+    else:
+        for key in ("seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high"):
+            m[f"{p}_{key}"] = 0.0
+        m[f"{p}_seq_fraction_low"] = 0.0
+    return m
+
+
+def compute_rollout_rejection_mask(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_rs: str = "token_k1",
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Hard trust region: (response_mask with rejected tokens set to 0, metrics unprefixed).
+
+    With x = clamp(log_ratio, -20, 20): k1 = -x, k2 = x^2/2, k3 = e^x - 1 - x per token.
+    `rollout_rs` is a comma-separated list; a token survives only if every option keeps it.
+    token_k*: per token; seq_sum_k* / seq_mean_k* / seq_max_k*: the sum / mean / max over the
+    row's tokens, and the whole row is kept or rejected. k2/k3 keep stat <= upper; k1 keeps
+    log(lower) <= stat <= log(upper).
+    """
+    if not isinstance(rollout_rs, str) or not rollout_rs.strip():
+        raise ValueError("rollout_rs must be a non-empty string (comma-separated options)")
+    options: list[str] = []
+    for opt in (o.strip() for o in rollout_rs.split(",")):
+        if not opt:
+            continue
+        if opt not in ROLLOUT_RS_OPTIONS:
+            raise ValueError(f"Invalid rollout_rs option {opt!r}. Valid: {', '.join(ROLLOUT_RS_OPTIONS)}")
+        if opt not in options:
+            options.append(opt)
+    thresholds = _parse_rs_thresholds(options, rollout_rs_threshold)
+    if log_ratio.shape[0] == 0:
+        return response_mask, {}
+
+    x = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
+    token_stats = {"k1": -x, "k2": 0.5 * x**2, "k3": torch.exp(x) - 1.0 - x}
+    mask_bool = response_mask.bool()
+    seq_valid = response_mask.sum(dim=-1) > 0
+    combined = torch.ones_like(response_mask, dtype=log_ratio.dtype)
+    metrics: dict[str, float] = {}
+
+    for opt in options:
+        lower, upper = thresholds[opt]
+        k1 = opt.endswith("k1")
+        lo_cut, hi_cut = (math.log(lower), math.log(upper)) if k1 else (0.0, upper)
+        tok = token_stats[opt[-2:]]
+        if opt.startswith("token"):
+            level, seq_stat, stat = "token", None, tok
+            keep = (tok >= lo_cut) & (tok <= hi_cut) if k1 else tok <= hi_cut
+        else:
+            level = "sequence"
+            if opt.startswith("seq_sum"):
+                seq_stat = masked_sum(tok, response_mask, axis=-1)
+            elif opt.startswith("seq_mean"):
+                seq_stat = masked_mean(tok, response_mask, axis=-1)
+            else:
+                seq_stat = tok.masked_fill(~mask_bool, float("-inf")).max(dim=-1).values
+                seq_stat = torch.where(torch.isinf(seq_stat), torch.zeros_like(seq_stat), seq_stat)
+            seq_keep = (seq_stat >= lo_cut) & (seq_stat <= hi_cut) if k1 else seq_stat <= hi_cut
+            keep = seq_keep.unsqueeze(-1).expand_as(mask_bool)
+            stat = seq_stat.unsqueeze(-1).expand_as(tok)
+        metrics.update(
+            _rs_option_metrics(opt, stat, response_mask, seq_valid, level, seq_stat, hi_cut, lo_cut, k1)
+        )
+        keep_f = keep.to(log_ratio.dtype)
+        combined = combined * keep_f
+        seq_kept = ~((~keep) & mask_bool).any(dim=-1)
+        metrics[f"rollout_rs_{opt}_masked_fraction"] = masked_mean(1 - keep_f, response_mask).item()
+        n_valid = seq_valid.float().sum()
+        metrics[f"rollout_rs_{opt}_seq_masked_fraction"] = (
+            (((~seq_kept).float() * seq_valid.float()).sum() / n_valid).item() if n_valid > 0 else 0.0
+        )
+
+    metrics["rollout_rs_masked_fraction"] = masked_mean(1 - combined, response_mask).item()
+    kept = (combined > 0.5) & mask_bool
+    metrics["rollout_rs_seq_masked_fraction"] = ((~kept) & mask_bool).any(dim=-1).float().mean().item()
+    return (response_mask * combined).to(response_mask.dtype), metrics
+
+
 def compute_rollout_correction(
     old_log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
@@ -210,11 +392,15 @@ def compute_rollout_correction(
     rollout_is: str | None = None,
     rollout_is_threshold: str | float | None = 2.0,
     rollout_is_batch_normalize: bool = False,
-) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """(rollout_is_weights or None, metrics prefixed `rollout_corr/`).
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """(rollout_is_weights or None, response_mask after rejection, metrics prefixed `rollout_corr/`).
 
-    Weights are computed when `rollout_is` is "token" or "sequence" and a threshold is set; the
-    mismatch metrics are computed always (they cost little and show the sampler/trainer gap).
+    Weights are computed when `rollout_is` is "token" or "sequence" and a threshold is set;
+    rejection when `rollout_rs` is set (the returned mask is then the one to train with, as verl
+    replaces the batch's response_mask); the mismatch metrics are computed always (they cost
+    little and show the sampler/trainer gap), on the original mask.
     """
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(
@@ -234,5 +420,11 @@ def compute_rollout_correction(
             rollout_is_batch_normalize,
         )
         metrics.update(is_metrics)
+    new_mask = response_mask.clone()
+    if rollout_rs is not None:
+        new_mask, rs_metrics = compute_rollout_rejection_mask(
+            old_log_prob - rollout_log_prob, response_mask, rollout_rs, rollout_rs_threshold
+        )
+        metrics.update(rs_metrics)
     metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
-    return weights, {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
+    return weights, new_mask, {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
