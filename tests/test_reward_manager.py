@@ -166,6 +166,15 @@ def test_custom_reward_function_from_config(tmp_path, mode):
     assert scores[0, 1].item() == 1.5
 
 
+def test_scorer_ref_name_alias_pickles(tmp_path):
+    import pickle
+
+    ref = ScorerRef(path=_write(tmp_path, CUSTOM), name="brevity")
+    assert ref.attr == "brevity" and pickle.loads(pickle.dumps(ref)) == ref
+    _, info = DAPORewardManager(CharTokenizer(), ref)(make_batch(["ab"], ["x"]))
+    assert info["score"] == [pytest.approx(-0.2)]
+
+
 def test_async_custom_function(tmp_path):
     ref = ScorerRef.from_file(_write(tmp_path, CUSTOM), "async_score")
     for mode in ("process", "inline"):

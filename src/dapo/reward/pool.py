@@ -45,7 +45,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -69,8 +69,11 @@ class ScorerRef:
     path: str | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()
     preload: tuple[str, ...] = ()
+    name: InitVar[str | None] = None  # alias of attr (custom_reward_function.name)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, name: str | None) -> None:
+        if name:
+            object.__setattr__(self, "attr", name)
         if (self.module is None) == (self.path is None):
             raise ValueError("ScorerRef needs exactly one of module= or path=")
 
