@@ -1,0 +1,200 @@
+"""The actor: old log-probs and the PPO update (epochs x mini-batches x micro-batches).
+
+Each micro-batch loss is aggregated with the *mini-batch's* global token / sequence counts
+(``dapo.algo.agg``), and micro-batch losses are summed, so the accumulated gradient equals
+the gradient of the whole mini-batch at once for every ``loss_agg_mode`` (DESIGN.md rule 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dapo.actor.forward import response_logprobs
+from dapo.algo.agg import agg_loss, compute_global_batch_info
+from dapo.algo.kl import kl_penalty
+from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
+from dapo.batch import Batch
+
+
+@dataclass
+class ActorSettings:
+    ppo_mini_batch_size: int  # trajectories (prompts x n)
+    ppo_micro_batch_size: int  # trajectories
+    ppo_epochs: int
+    shuffle: bool
+    data_loader_seed: int
+    grad_clip: float
+    temperature: float
+    loss_agg_mode: str
+    loss_scale_factor: float | None
+    policy_loss: PolicyLossConfig
+    loss_mode: str
+    entropy_coeff: float
+    calculate_entropy: bool
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    log_prob_micro_batch_size: int
+
+
+def _inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    return batch.tensors["input_ids"], batch.tensors["attention_mask"], batch.tensors["responses"].shape[1]
+
+
+@torch.no_grad()
+def compute_log_prob(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    micro_batch_size: int,
+    calculate_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) of ``responses`` under ``model``, in batch order."""
+    was_training = model.training
+    model.eval()
+    try:
+        ids, attn, width = _inputs(batch)
+        lps, ents = [], []
+        for s in range(0, ids.shape[0], micro_batch_size):
+            lp, ent = response_logprobs(
+                model,
+                ids[s : s + micro_batch_size],
+                attn[s : s + micro_batch_size],
+                width,
+                temperature,
+                calculate_entropy,
+            )
+            lps.append(lp)
+            if ent is not None:
+                ents.append(ent)
+    finally:
+        model.train(was_training)
+    return torch.cat(lps), (torch.cat(ents) if ents else None)
+
+
+class Actor:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: ActorSettings):
+        self.model = model
+        self.optimizer = optimizer
+        self.s = settings
+        self.policy_loss_fn = get_policy_loss_fn(settings.loss_mode)
+        self.nonfinite_steps = 0
+
+    def update_policy(self, batch: Batch) -> dict[str, float]:
+        s = self.s
+        self.model.train()
+        n_rows = len(batch)
+        rng = np.random.default_rng(s.data_loader_seed)
+        sums: dict[str, list[float]] = {}
+        for _epoch in range(s.ppo_epochs):
+            order = rng.permutation(n_rows) if s.shuffle else np.arange(n_rows)
+            for m0 in range(0, n_rows, s.ppo_mini_batch_size):
+                mini = batch.select(order[m0 : m0 + s.ppo_mini_batch_size])
+                stats = self._update_mini_batch(mini)
+                for k, v in stats.items():
+                    sums.setdefault(k, []).append(v)
+        return {k: float(np.mean(v)) for k, v in sums.items()}
+
+    def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
+        s = self.s
+        mask_all = mini.tensors["response_mask"].float()
+        info = compute_global_batch_info(mask_all, dp_size=1, loss_scale_factor=s.loss_scale_factor)
+        cfg = PolicyLossConfig(
+            **{
+                **s.policy_loss.__dict__,
+                "global_batch_info": info,
+                "loss_agg_mode": s.loss_agg_mode,
+                "loss_scale_factor": s.loss_scale_factor,
+            }
+        )
+        total_tokens = max(1.0, float(mask_all.sum()))
+        self.optimizer.zero_grad(set_to_none=True)
+        acc: dict[str, float] = {"actor/pg_loss": 0.0}
+        weighted: dict[str, float] = {}
+        need_entropy = s.calculate_entropy or s.entropy_coeff != 0
+        for m0 in range(0, len(mini), s.ppo_micro_batch_size):
+            micro = mini.slice(m0, m0 + s.ppo_micro_batch_size)
+            ids, attn, width = _inputs(micro)
+            mask = micro.tensors["response_mask"].float()
+            log_prob, entropy = response_logprobs(self.model, ids, attn, width, s.temperature, need_entropy)
+            pg_loss, pg_metrics = self.policy_loss_fn(
+                micro.tensors["old_log_probs"],
+                log_prob,
+                micro.tensors["advantages"],
+                mask,
+                s.loss_agg_mode,
+                cfg,
+                micro.tensors.get("rollout_is_weights"),
+            )
+            loss = pg_loss
+            share = float(mask.sum()) / total_tokens
+            if entropy is not None:
+                ent_agg = agg_loss(entropy, mask, s.loss_agg_mode, **info)
+                acc["actor/entropy"] = acc.get("actor/entropy", 0.0) + float(ent_agg.detach())
+                if s.entropy_coeff != 0:
+                    loss = loss - s.entropy_coeff * ent_agg
+            if s.use_kl_loss:
+                kld = kl_penalty(log_prob, micro.tensors["ref_log_prob"], s.kl_loss_type)
+                kl_agg = agg_loss(kld, mask, s.loss_agg_mode, **info)
+                loss = loss + s.kl_loss_coef * kl_agg
+                acc["actor/kl_loss"] = acc.get("actor/kl_loss", 0.0) + float(kl_agg.detach())
+                acc["actor/kl_coef"] = s.kl_loss_coef
+            loss.backward()
+            acc["actor/pg_loss"] += float(pg_loss.detach())
+            for k, v in pg_metrics.items():
+                weighted[k] = weighted.get(k, 0.0) + float(v) * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+        out = {**acc, **weighted, "actor/grad_norm": float(grad_norm)}
+        out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return out
+
+
+def actor_settings_from_config(cfg: Any) -> ActorSettings:
+    """The actor's numbers from a resolved config (mini-batch sizes in trajectories)."""
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    n = r.n
+    micro = a.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size or a.ppo_mini_batch_size * n
+    lp_micro = r.log_prob_micro_batch_size_per_gpu or r.log_prob_micro_batch_size or micro
+    pl = a.policy_loss
+    return ActorSettings(
+        ppo_mini_batch_size=a.ppo_mini_batch_size * n,
+        ppo_micro_batch_size=int(micro),
+        ppo_epochs=a.ppo_epochs,
+        shuffle=a.shuffle,
+        data_loader_seed=a.data_loader_seed,
+        grad_clip=a.grad_clip,
+        temperature=r.temperature,
+        loss_agg_mode=a.loss_agg_mode,
+        loss_scale_factor=a.loss_scale_factor,
+        policy_loss=PolicyLossConfig(
+            clip_ratio=a.clip_ratio,
+            clip_ratio_low=a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            loss_agg_mode=a.loss_agg_mode,
+            loss_scale_factor=a.loss_scale_factor,
+            loss_mode=pl.loss_mode,
+            clip_cov_ratio=pl.clip_cov_ratio,
+            clip_cov_lb=pl.clip_cov_lb,
+            clip_cov_ub=pl.clip_cov_ub,
+            kl_cov_ratio=pl.kl_cov_ratio,
+            ppo_kl_coef=pl.ppo_kl_coef,
+        ),
+        loss_mode=pl.loss_mode,
+        entropy_coeff=a.entropy_coeff,
+        calculate_entropy=a.calculate_entropy,
+        use_kl_loss=a.use_kl_loss,
+        kl_loss_coef=a.kl_loss_coef,
+        kl_loss_type=a.kl_loss_type,
+        log_prob_micro_batch_size=int(lp_micro),
+    )

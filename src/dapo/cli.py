@@ -1,0 +1,131 @@
+"""``dapo``: train | validate | eval | data | preprocess | bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config-name",
+        "-c",
+        default=DEFAULT_PRESET,
+        help=f"preset name ({', '.join(preset_names())}) or a yaml file (default: {DEFAULT_PRESET})",
+    )
+    p.add_argument("overrides", nargs="*", help="key=value overrides with verl's dotted keys")
+
+
+def _load(args: argparse.Namespace):
+    from dapo.config.validate import validate
+
+    cfg = load_config(args.overrides, preset=args.config_name)
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    print(to_yaml(cfg), end="")
+    print("# configuration OK", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from dapo.trainer import Trainer
+
+    console = Console(stderr=False, highlight=False)
+    cfg = _load(args)
+    trainer = Trainer(cfg, printer=console.print)
+    summary = trainer.fit()
+    before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
+    console.print(f"[bold]done[/bold] in {summary['wall_time_s']:.0f}s, {summary['steps']} steps")
+    if before is not None and after is not None:
+        console.print(
+            f"held-out accuracy: {before:.3f} -> {after:.3f} ({(after - before) * 100:+.1f} points)"
+        )
+    console.print(f"run directory: {summary['run_dir']}")
+    return 0
+
+
+def cmd_data_arithmetic(args: argparse.Namespace) -> int:
+    from dapo.data.builtin import write_task
+
+    train, test = write_task(
+        args.output, train_size=args.train_size, test_size=args.test_size, seed=args.seed
+    )
+    print(json.dumps({"train": str(train), "test": str(test)}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dapo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train with DAPO (dynamic sampling) on the given config")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("validate", help="check a configuration and print it resolved; runs nothing")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    data = sub.add_parser("data", help="data utilities").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("arithmetic", help="write the built-in arithmetic task as verl parquet")
+    p.add_argument("--output", required=True)
+    p.add_argument("--train-size", type=int, default=4000)
+    p.add_argument("--test-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data_arithmetic)
+    _register_optional(data, "dapo.data.check")
+
+    _register_optional(sub, "dapo.data.preprocess")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    _register_optional(bench, "dapo.sampling.simulate")
+    return parser
+
+
+def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> None:
+    """Commands whose module exposes ``register(subparsers)``."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError:
+        return
+    register: Callable | None = getattr(mod, "register", None)
+    if register is not None:
+        register(subparsers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"dapo: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dapo: interrupted", file=sys.stderr)
+        return 130
+    except ValueError as e:  # DataError, ModelError and friends carry their own fix-it text
+        from dapo.data.parquet import DataError
+        from dapo.model.loader import ModelError
+
+        if isinstance(e, DataError | ModelError):
+            print(f"dapo: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Every cross-field rule of the configuration. Each problem names the key and how to fix it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dapo.config import sampling as sampling_cfg
+
+KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+TRUNCATION = ("left", "right", "middle", "error")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LR_SCHEDULERS = ("constant", "cosine")
+# metrics every reward manager provides, plus what math_dapo and the overlong log add
+KNOWN_FILTER_METRICS = (*sampling_cfg.BUILTIN_METRICS, "pred", "overlong", "overlong_reward", "reward")
+
+
+def validate(cfg: Any) -> list[str]:
+    """All problems with a resolved config (empty when it is usable)."""
+    from dapo.algo.advantages import ADV_ESTIMATOR_REGISTRY
+    from dapo.algo.agg import LOSS_AGG_MODES
+    from dapo.algo.kl import KL_ESTIMATORS
+    from dapo.algo.policy_loss import POLICY_LOSS_REGISTRY
+
+    p: list[str] = []
+    data, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    actor, rollout = arr.actor, arr.rollout
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            p.append(msg)
+
+    # batch sizes (VERL_SPEC 1.1, 2.8)
+    tbs, n = data.train_batch_size, rollout.n
+    need(tbs >= 1, f"data.train_batch_size: must be >= 1 prompts, got {tbs}")
+    need(n >= 1, f"actor_rollout_ref.rollout.n: must be >= 1 responses per prompt, got {n}")
+    gbs = data.gen_batch_size
+    if gbs is not None:
+        need(
+            gbs >= tbs,
+            f"data.gen_batch_size={gbs} is smaller than data.train_batch_size={tbs}: a generation round must "
+            f"cover at least one training batch; set data.gen_batch_size>={tbs} (or null for {tbs})",
+        )
+    mini = actor.ppo_mini_batch_size
+    need(mini >= 1, f"actor_rollout_ref.actor.ppo_mini_batch_size: must be >= 1 prompts, got {mini}")
+    if mini >= 1 and tbs >= 1:
+        need(
+            tbs >= mini,
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} exceeds data.train_batch_size={tbs}; "
+            "lower it to at most the train batch",
+        )
+        need(
+            tbs % mini == 0,
+            f"data.train_batch_size={tbs} is not divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}; "
+            "pick a mini-batch size that divides the train batch",
+        )
+    if not actor.use_dynamic_bsz:
+        micro, micro_g = actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size
+        if micro is None and micro_g is None:
+            p.append(
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: must be set (trajectories per micro-batch) "
+                "unless actor_rollout_ref.actor.use_dynamic_bsz=true"
+            )
+        elif micro is not None and micro_g is not None:
+            p.append(
+                "actor_rollout_ref.actor.ppo_micro_batch_size and ppo_micro_batch_size_per_gpu are both set; "
+                "set only ppo_micro_batch_size_per_gpu (the other is deprecated)"
+            )
+        else:
+            m = micro if micro is not None else micro_g
+            per_rank = mini * n // max(1, _dp_size(cfg))
+            need(m >= 1, f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: must be >= 1, got {m}")
+            if m >= 1 and mini >= 1:
+                need(
+                    per_rank % m == 0,
+                    f"the mini-batch of {per_rank} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
+                    f"divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m}",
+                )
+    else:
+        need(
+            actor.ppo_max_token_len_per_gpu >= 1,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: must be >= 1",
+        )
+    need(actor.ppo_epochs >= 1, f"actor_rollout_ref.actor.ppo_epochs: must be >= 1, got {actor.ppo_epochs}")
+
+    # lengths
+    need(data.max_prompt_length >= 1, "data.max_prompt_length: must be >= 1 tokens")
+    need(data.max_response_length >= 1, "data.max_response_length: must be >= 1 tokens")
+    need(
+        data.truncation in TRUNCATION,
+        f"data.truncation: must be one of {', '.join(TRUNCATION)}, got {data.truncation!r}",
+    )
+
+    # algorithm
+    need(
+        alg.adv_estimator in ADV_ESTIMATOR_REGISTRY,
+        f"algorithm.adv_estimator: unknown estimator {alg.adv_estimator!r}; known: {', '.join(sorted(ADV_ESTIMATOR_REGISTRY))}",
+    )
+    mode = actor.loss_agg_mode
+    need(
+        mode in LOSS_AGG_MODES,
+        f"actor_rollout_ref.actor.loss_agg_mode: unknown mode {mode!r}; known: {', '.join(LOSS_AGG_MODES)}",
+    )
+    lm = actor.policy_loss.loss_mode
+    need(
+        lm in POLICY_LOSS_REGISTRY,
+        f"actor_rollout_ref.actor.policy_loss.loss_mode: unknown mode {lm!r}; known: {', '.join(sorted(POLICY_LOSS_REGISTRY))}",
+    )
+    need(
+        actor.clip_ratio_c > 1.0,
+        f"actor_rollout_ref.actor.clip_ratio_c: must be > 1 (dual clip), got {actor.clip_ratio_c}",
+    )
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        v = actor[key]
+        need(v is None or v >= 0, f"actor_rollout_ref.actor.{key}: must be >= 0, got {v}")
+    kl_names = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
+    need(
+        actor.kl_loss_type in kl_names,
+        f"actor_rollout_ref.actor.kl_loss_type: unknown estimator {actor.kl_loss_type!r}; known: {', '.join(kl_names)}",
+    )
+    need(
+        alg.kl_penalty in kl_names,
+        f"algorithm.kl_penalty: unknown estimator {alg.kl_penalty!r}; known: {', '.join(kl_names)}",
+    )
+    need(
+        alg.kl_ctrl.type in ("fixed", "adaptive"),
+        f"algorithm.kl_ctrl.type: must be fixed or adaptive, got {alg.kl_ctrl.type!r}",
+    )
+    need(actor.grad_clip > 0, f"actor_rollout_ref.actor.grad_clip: must be > 0, got {actor.grad_clip}")
+    need(actor.optim.lr >= 0, f"actor_rollout_ref.actor.optim.lr: must be >= 0, got {actor.optim.lr}")
+    need(
+        actor.optim.lr_scheduler_type in LR_SCHEDULERS,
+        f"actor_rollout_ref.actor.optim.lr_scheduler_type: must be one of {', '.join(LR_SCHEDULERS)}, got {actor.optim.lr_scheduler_type!r}",
+    )
+
+    # dynamic sampling
+    fg = alg.filter_groups
+    p.extend(sampling_cfg.validate(fg))
+    if (
+        fg.enable
+        and fg.metric
+        and fg.metric not in KNOWN_FILTER_METRICS
+        and not cfg.custom_reward_function.path
+    ):
+        p.append(
+            f"algorithm.filter_groups.metric: unknown metric {fg.metric!r}; known: {', '.join(KNOWN_FILTER_METRICS)} "
+            "(a custom reward function may add its own keys)"
+        )
+
+    # sampling parameters
+    if rollout.do_sample:
+        need(
+            rollout.temperature > 0, "actor_rollout_ref.rollout.temperature: must be > 0 when do_sample=true"
+        )
+    need(0 < rollout.top_p <= 1, f"actor_rollout_ref.rollout.top_p: must be in (0, 1], got {rollout.top_p}")
+    vk = rollout.val_kwargs
+    if vk.do_sample:
+        need(
+            vk.temperature > 0,
+            "actor_rollout_ref.rollout.val_kwargs.temperature: must be > 0 when val_kwargs.do_sample=true",
+        )
+    need(vk.n >= 1, f"actor_rollout_ref.rollout.val_kwargs.n: must be >= 1, got {vk.n}")
+    need(
+        rollout.name in ("hf",),
+        f"actor_rollout_ref.rollout.name: {rollout.name!r} is not available here; use hf",
+    )
+
+    # reward shaping
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable:
+        need(ob.len > 0, "reward_model.overlong_buffer.len: must be > 0 when the overlong buffer is enabled")
+        need(
+            ob.len <= data.max_response_length,
+            f"reward_model.overlong_buffer.len={ob.len} exceeds data.max_response_length={data.max_response_length}",
+        )
+    need(
+        cfg.reward_model.reward_manager in ("dapo", "naive"),
+        f"reward_model.reward_manager: unknown manager {cfg.reward_model.reward_manager!r}; known: dapo, naive",
+    )
+
+    # trainer
+    for name in tr.logger:
+        need(
+            name in KNOWN_LOGGERS,
+            f"trainer.logger: unknown logger {name!r}; known: {', '.join(KNOWN_LOGGERS)}",
+        )
+    need(
+        tr.resume_mode in RESUME_MODES,
+        f"trainer.resume_mode: must be one of {', '.join(RESUME_MODES)}, got {tr.resume_mode!r}",
+    )
+    need(tr.total_epochs >= 1, f"trainer.total_epochs: must be >= 1, got {tr.total_epochs}")
+    if tr.total_training_steps is not None:
+        need(
+            tr.total_training_steps >= 1,
+            f"trainer.total_training_steps: must be >= 1 or null, got {tr.total_training_steps}",
+        )
+    need(tr.device in ("cpu", "cuda"), f"trainer.device: must be cpu or cuda, got {tr.device!r}")
+    return p
+
+
+def _dp_size(cfg: Any) -> int:
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) if cfg.trainer.device == "cuda" else 1

@@ -1,0 +1,112 @@
+"""Built-in arithmetic task in verl's parquet schema.
+
+Problems come in three tiers so that dynamic sampling matters:
+  easy    one-digit sums and differences: a warm-started model nearly always solves them
+  medium  two-digit plus or minus one-digit numbers: solved sometimes
+  hard    two-digit by two-digit products: nearly never solved by a tiny model
+Answers are graded by the math_dapo rules: the response must end with ``Answer: X``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_SOURCE = "arithmetic"
+TIERS = ("easy", "medium", "hard")
+# Share of each tier in the generated data: most prompts are medium (sometimes solved).
+TIER_WEIGHTS = {"easy": 0.2, "medium": 0.65, "hard": 0.15}
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    op: str
+    b: int
+    tier: str
+
+    @property
+    def answer(self) -> int:
+        if self.op == "+":
+            return self.a + self.b
+        if self.op == "-":
+            return self.a - self.b
+        return self.a * self.b
+
+    @property
+    def question(self) -> str:
+        return f"{self.a}{self.op}{self.b}="
+
+    @property
+    def key(self) -> str:
+        return f"{self.a}{self.op}{self.b}"
+
+
+def all_problems() -> list[Problem]:
+    """Every problem of every tier, in a fixed order."""
+    out: list[Problem] = []
+    for a in range(10):
+        for b in range(10):
+            out.append(Problem(a, "+", b, "easy"))
+            if a >= b:
+                out.append(Problem(a, "-", b, "easy"))
+    for a in range(10, 100):
+        for b in range(10):
+            out.append(Problem(a, "+", b, "medium"))
+            out.append(Problem(a, "-", b, "medium"))
+    for a in range(11, 100):
+        for b in range(11, 100):
+            out.append(Problem(a, "*", b, "hard"))
+    return out
+
+
+def split_problems(seed: int = 0, test_fraction: float = 0.1) -> tuple[list[Problem], list[Problem]]:
+    """A deterministic train/test split, disjoint by problem."""
+    rng = random.Random(seed)
+    train: list[Problem] = []
+    test: list[Problem] = []
+    for p in all_problems():
+        (test if rng.random() < test_fraction else train).append(p)
+    return train, test
+
+
+def sample_problems(pool: list[Problem], count: int, seed: int) -> list[Problem]:
+    """``count`` distinct problems drawn tier by tier with TIER_WEIGHTS."""
+    rng = random.Random(seed)
+    by_tier = {t: [p for p in pool if p.tier == t] for t in TIERS}
+    out: list[Problem] = []
+    for tier in TIERS:
+        want = round(count * TIER_WEIGHTS[tier]) if tier != TIERS[-1] else count - len(out)
+        want = min(want, len(by_tier[tier]))
+        out.extend(rng.sample(by_tier[tier], want))
+    rng.shuffle(out)
+    return out
+
+
+def to_row(p: Problem, split: str, index: int) -> dict:
+    """One verl-schema row (VERL_SPEC section 7.1)."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": p.question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(p.answer)},
+        "extra_info": {"split": split, "index": index, "tier": p.tier, "question": p.question},
+    }
+
+
+def write_task(
+    out_dir: str | Path, train_size: int = 4000, test_size: int = 256, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns their paths."""
+    from dapo.data.parquet import write_rows
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_pool, test_pool = split_problems(seed)
+    train = sample_problems(train_pool, train_size, seed + 1)
+    test = sample_problems(test_pool, test_size, seed + 2)
+    train_path, test_path = out / "train.parquet", out / "test.parquet"
+    write_rows(train_path, [to_row(p, "train", i) for i, p in enumerate(train)])
+    write_rows(test_path, [to_row(p, "test", i) for i, p in enumerate(test)])
+    return train_path, test_path

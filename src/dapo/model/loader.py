@@ -1,0 +1,44 @@
+"""Loading Hugging Face causal LMs and tokenizers from a local directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+class ModelError(ValueError):
+    """A model directory that cannot be used, naming the path and how to fix it."""
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    p = _check_dir(path)
+    tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if getattr(tok, "chat_template", None) is None:
+        raise ModelError(
+            f"tokenizer in {p} has no chat template; add one (tokenizer_config.json 'chat_template') "
+            "or set actor_rollout_ref.model.custom_chat_template"
+        )
+    return tok
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    p = _check_dir(path)
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, trust_remote_code=trust_remote_code)
+    return model
+
+
+def _check_dir(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir() or not (p / "config.json").exists():
+        raise ModelError(
+            f"actor_rollout_ref.model.path={path}: not a Hugging Face model directory (needs config.json); "
+            "point it at a directory written by save_pretrained, or leave it unset for the built-in tiny model"
+        )
+    return p

@@ -1,0 +1,124 @@
+"""Batched sampling with a KV cache for any Hugging Face causal LM (CPU or GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dapo.rollout.sampling_ops import sample_tokens
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    response_length: int = 64
+
+
+@dataclass
+class RolloutOutput:
+    """Per trajectory (prompt-major, n consecutive samples per prompt)."""
+
+    prompts: torch.Tensor  # [B, P] left-padded
+    responses: torch.Tensor  # [B, R] right-padded with pad_id
+    response_mask: torch.Tensor  # [B, R]
+    rollout_log_probs: torch.Tensor  # [B, R], 0 on padding
+    truncated: torch.Tensor  # [B] bool: hit response_length without EOS
+
+
+def left_pad(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p) > width:
+            raise ValueError(f"prompt of {len(p)} tokens is longer than the prompt width {width}")
+        if p:
+            ids[i, width - len(p) :] = torch.as_tensor(p)
+            mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+class HFRollout:
+    """Autoregressive sampling on a ``transformers`` model with its own KV cache."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, seed: int = 0):
+        self.model = model
+        self.eos_token_ids = torch.as_tensor(sorted(set(eos_token_ids)), dtype=torch.long)
+        self.pad_token_id = pad_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
+    ) -> RolloutOutput:
+        n = params.n
+        width = prompt_width or max(len(p) for p in prompt_ids)
+        prompts, prompt_mask = left_pad(prompt_ids, width, self.pad_token_id)
+        prompts = prompts.repeat_interleave(n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
+        device = next(self.model.parameters()).device
+        batch, R = prompts.shape[0], params.response_length
+        responses = torch.full((batch, R), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros((batch, R), dtype=torch.float32)
+        done = torch.zeros(batch, dtype=torch.bool)
+        lengths = torch.zeros(batch, dtype=torch.long)
+        eos = self.eos_token_ids.to(device)
+
+        # Trim the shared left padding so the forward pass does not run over columns that are all pad.
+        first = int((prompt_mask.sum(0) > 0).nonzero()[0]) if prompt_mask.any() else 0
+        ids = prompts[:, first:].to(device)
+        attn = prompt_mask[:, first:].to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+            next_pos = pos[:, -1:] + 1
+            for t in range(R):
+                tok, lp = sample_tokens(
+                    logits,
+                    params.temperature,
+                    params.top_k,
+                    params.top_p,
+                    params.do_sample,
+                    self._gen(device),
+                )
+                tok = torch.where(done.to(device), torch.full_like(tok, self.pad_token_id), tok)
+                responses[:, t] = tok.cpu()
+                live = ~done
+                logps[live, t] = lp.cpu()[live]
+                lengths[live] += 1
+                done = done | torch.isin(tok, eos).cpu()
+                if bool(done.all()) or t == R - 1:
+                    break
+                attn = torch.cat([attn, (~done).long().unsqueeze(-1).to(device)], dim=-1)
+                out = self.model(
+                    input_ids=tok.unsqueeze(-1),
+                    attention_mask=attn,
+                    position_ids=next_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :]
+                next_pos = next_pos + 1
+        finally:
+            self.model.train(was_training)
+        ar = torch.arange(R).unsqueeze(0)
+        response_mask = (ar < lengths.unsqueeze(-1)).long()
+        return RolloutOutput(
+            prompts=prompts,
+            responses=responses,
+            response_mask=response_mask,
+            rollout_log_probs=logps * response_mask,
+            truncated=~done,
+        )
+
+    def _gen(self, device: torch.device) -> torch.Generator | None:
+        return self.generator if device.type == "cpu" else None

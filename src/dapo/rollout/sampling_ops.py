@@ -1,0 +1,45 @@
+"""Token sampling from logits: temperature, top-k, top-p (pure functions)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Mask logits outside top-k / the top-p nucleus with -inf. ``top_k`` <= 0 means no limit."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    do_sample: bool,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens and their log-probs under the temperature-scaled distribution.
+
+    The returned log-prob is that of the temperature-scaled logits before top-k/top-p
+    filtering, which is what the actor recomputes as the old log-prob.
+    """
+    logits = logits.float()
+    if not do_sample or temperature <= 0:
+        tokens = logits.argmax(dim=-1)
+        scaled = logits
+    else:
+        scaled = logits / temperature
+        probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    logp = torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, logp

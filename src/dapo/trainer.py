@@ -1,0 +1,489 @@
+"""The training loop, and nothing else: a single controller that calls the workers.
+
+One step: the dynamic batcher collects ``train_batch_size`` groups (rollout + reward per
+round), the actor recomputes old log-probs, advantages are computed per group, the actor
+updates, metrics are logged. Training steps (not generation rounds) drive the counter,
+the LR schedule and ``total_training_steps``; timers and metrics accumulate over every
+generation round of a step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from dapo.actor.dp_actor import Actor, actor_settings_from_config, compute_log_prob
+from dapo.algo.advantages import get_adv_estimator_fn
+from dapo.algo.agg import agg_loss
+from dapo.algo.kl import apply_kl_penalty, get_kl_controller
+from dapo.batch import Batch
+from dapo.config.load import ConfigError
+from dapo.config.validate import validate
+from dapo.data.dataset import PromptSampler, load_prompts
+from dapo.metrics import compute_data_metrics, compute_timing_metrics
+from dapo.rollout.hf import HFRollout, SamplingParams
+from dapo.sampling import DynamicBatcher
+from dapo.tracking import build_trackers
+from dapo.validation import process_validation_metrics
+
+
+@dataclass
+class Timer:
+    """Seconds per phase, accumulated over every generation round of a step."""
+
+    raw: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.raw[name] = self.raw.get(name, 0.0) + time.perf_counter() - t0
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def lr_lambda(
+    scheduler_type: str, warmup: int, total: int, min_lr_ratio: float, num_cycles: float
+) -> Callable:
+    """verl's constant-with-warmup and cosine-with-warmup schedules, stepped once per training step."""
+
+    def fn(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return float(step) / float(max(1, warmup))
+        if scheduler_type == "constant":
+            return 1.0
+        progress = float(step - warmup) / float(max(1, total - warmup))
+        cos = 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress))
+        return max(0.0, min_lr_ratio + (1.0 - min_lr_ratio) * cos)
+
+    return fn
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, printer: Callable[[str], None] = print):
+        problems = validate(cfg)
+        if problems:
+            raise ConfigError(problems)
+        self.cfg = cfg
+        self.print = printer
+        tr = cfg.trainer
+        if tr.torch_threads and tr.torch_threads > 0:
+            torch.set_num_threads(int(tr.torch_threads))
+        set_seed(int(tr.seed))
+        self.run_dir = Path(tr.default_local_dir).expanduser()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._setup_model()
+        self._setup_data()
+        self._setup_reward()
+        self._setup_algorithm()
+        self.trackers = build_trackers(list(tr.logger), self.run_dir, self.print)
+        self.global_step = 0
+        self.timer = Timer()
+        self._round_metrics: dict[str, float] = {}
+        self.generated_response_tokens = 0.0
+
+    # ---------------------------------------------------------------- setup
+
+    def _setup_model(self) -> None:
+        from dapo.model.loader import load_model, load_tokenizer
+        from dapo.model.tiny import ensure_tiny_model
+
+        m = self.cfg.actor_rollout_ref.model
+        path = m.path or str(ensure_tiny_model(log=self.print))
+        self.model_path = path
+        self.tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
+        if m.custom_chat_template:
+            self.tokenizer.chat_template = m.custom_chat_template
+        self.model = load_model(path, trust_remote_code=m.trust_remote_code)
+        for k, v in (m.override_config or {}).items():
+            setattr(self.model.config, k, v)
+        if m.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.device = torch.device("cuda" if self.cfg.trainer.device == "cuda" else "cpu")
+        self.model.to(self.device)
+        eos = self.tokenizer.eos_token_id
+        gen_eos = (
+            getattr(self.model.generation_config, "eos_token_id", None)
+            if self.model.generation_config
+            else None
+        )
+        eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        self.rollout = HFRollout(
+            self.model,
+            [e for e in eos_ids if e is not None],
+            self.tokenizer.pad_token_id,
+            seed=int(self.cfg.trainer.seed),
+        )
+
+    def _setup_data(self) -> None:
+        d = self.cfg.data
+        train_files, val_files = d.train_files, d.val_files
+        if train_files is None:
+            from dapo.data.builtin import write_task
+            from dapo.model.tiny import cache_dir
+
+            tr_path, te_path = write_task(cache_dir() / "data" / "arithmetic-v1")
+            train_files = str(tr_path)
+            val_files = val_files if val_files is not None else str(te_path)
+        common = dict(
+            prompt_key=d.prompt_key,
+            reward_fn_key=d.reward_fn_key,
+            filter_overlong_prompts=d.filter_overlong_prompts,
+            truncation=d.truncation,
+            chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
+        )
+        self.prompt_width = int(self.cfg.actor_rollout_ref.rollout.prompt_length or d.max_prompt_length)
+        self.train_rows, stats = load_prompts(
+            train_files,
+            self.tokenizer,
+            self.prompt_width,
+            max_samples=d.train_max_samples,
+            files_key="data.train_files",
+            **common,
+        )
+        self.val_rows = []
+        if val_files is not None:
+            self.val_rows, _ = load_prompts(
+                val_files,
+                self.tokenizer,
+                self.prompt_width,
+                max_samples=d.val_max_samples,
+                files_key="data.val_files",
+                **common,
+            )
+        seed = int(d.seed if d.seed is not None else self.cfg.trainer.seed)
+        self.sampler = PromptSampler(self.train_rows, seed=seed, shuffle=d.shuffle)
+        self.print(
+            f"data: {len(self.train_rows)} train prompts, {len(self.val_rows)} validation prompts"
+            + (f" ({stats['filtered_overlong']} over-long filtered)" if stats["filtered_overlong"] else "")
+        )
+
+    def _setup_reward(self) -> None:
+        from dapo.reward.manager import DAPORewardManager, NaiveRewardManager
+
+        rm = self.cfg.reward_model
+        self.response_length = int(
+            self.cfg.actor_rollout_ref.rollout.response_length or self.cfg.data.max_response_length
+        )
+        max_resp_len = int(rm.reward_kwargs.get("max_resp_len") or self.response_length)
+        compute_score = None
+        crf = self.cfg.custom_reward_function
+        if crf.path:
+            from dapo.reward.pool import ScorerRef
+
+            compute_score = ScorerRef(path=str(crf.path), name=str(crf.name))
+        cls = DAPORewardManager if rm.reward_manager == "dapo" else NaiveRewardManager
+        kwargs: dict[str, Any] = dict(
+            compute_score=compute_score,
+            reward_fn_key=self.cfg.data.reward_fn_key,
+            reward_kwargs=dict(crf.reward_kwargs or {}),
+        )
+        if cls is DAPORewardManager:
+            kwargs.update(
+                max_resp_len=max_resp_len, overlong_buffer_cfg=OmegaConf.to_container(rm.overlong_buffer)
+            )
+        self.reward_fn = cls(self.tokenizer, **kwargs)
+
+    def _setup_algorithm(self) -> None:
+        cfg = self.cfg
+        a, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
+        self.settings = actor_settings_from_config(cfg)
+        o = a.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        steps_per_epoch = max(1, len(self.train_rows) // cfg.data.train_batch_size)
+        self.total_training_steps = int(
+            cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
+        )
+        warmup = (
+            o.lr_warmup_steps
+            if o.lr_warmup_steps >= 0
+            else int(o.lr_warmup_steps_ratio * self.total_training_steps)
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(o.lr_scheduler_type, warmup, self.total_training_steps, o.min_lr_ratio, o.num_cycles),
+        )
+        self.actor = Actor(self.model, self.optimizer, self.settings)
+        self.use_ref = bool(a.use_kl_loss or alg.use_kl_in_reward)
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.use_ref else None
+        self.kl_ctrl = (
+            get_kl_controller(
+                alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon
+            )
+            if alg.use_kl_in_reward
+            else None
+        )
+        fg = OmegaConf.to_object(alg.filter_groups)
+        gen_bs = int(cfg.data.gen_batch_size or cfg.data.train_batch_size)
+        self.batcher = DynamicBatcher(
+            fg, cfg.data.train_batch_size, gen_bs, cfg.actor_rollout_ref.rollout.n, seed=int(cfg.trainer.seed)
+        )
+        self.adv_fn = get_adv_estimator_fn(alg.adv_estimator)
+
+    # ---------------------------------------------------------------- rollout + reward
+
+    def _sampling_params(self, validate: bool = False) -> SamplingParams:
+        r = self.cfg.actor_rollout_ref.rollout
+        if validate:
+            v = r.val_kwargs
+            return SamplingParams(
+                n=v.n,
+                temperature=v.temperature,
+                top_p=v.top_p,
+                top_k=v.top_k,
+                do_sample=v.do_sample,
+                response_length=self.response_length,
+            )
+        return SamplingParams(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            do_sample=r.do_sample,
+            response_length=self.response_length,
+        )
+
+    def _rollout(self, rows: list[dict], params: SamplingParams) -> Batch:
+        out = self.rollout.generate([r["prompt_ids"] for r in rows], params, prompt_width=self.prompt_width)
+        n = params.n
+        input_ids = torch.cat([out.prompts, out.responses], dim=1)
+        prompt_mask = (
+            torch.arange(self.prompt_width).unsqueeze(0)
+            >= (
+                self.prompt_width - torch.tensor([len(r["prompt_ids"]) for r in rows for _ in range(n)])
+            ).unsqueeze(1)
+        ).long()
+        attention_mask = torch.cat([prompt_mask, out.response_mask], dim=1)
+        rep = [r for r in rows for _ in range(n)]
+        return Batch(
+            tensors={
+                "prompts": out.prompts,
+                "responses": out.responses,
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+                "response_mask": out.response_mask,
+                "rollout_log_probs": out.rollout_log_probs,
+            },
+            non_tensors={
+                "index": [r["index"] for r in rep],
+                "data_source": [r["data_source"] for r in rep],
+                "reward_model": [r["reward_model"] for r in rep],
+                "extra_info": [r["extra_info"] for r in rep],
+                "truncated": out.truncated.tolist(),
+            },
+        )
+
+    def _score(self, batch: Batch) -> dict[str, list]:
+        scores, extra = self.reward_fn(batch)[:2]
+        batch.tensors["token_level_scores"] = scores
+        for k, v in extra.items():
+            batch[k] = list(v)
+        for k, v in (getattr(self.reward_fn, "last_metrics", None) or {}).items():
+            self._round_metrics[k] = self._round_metrics.get(k, 0.0) + float(v)
+        return extra
+
+    def _generate_and_score(self, rows: list[dict]) -> Batch:
+        """One generation round: rollout, reward, rewards (with in-reward KL when configured)."""
+        with self.timer("gen"):
+            batch = self._rollout(rows, self._sampling_params())
+        with self.timer("reward"):
+            self._score(batch)
+        if self.kl_ctrl is not None:
+            self._compute_old_and_ref(batch)
+            rewards, current_kl = apply_kl_penalty(
+                batch.tensors["token_level_scores"],
+                batch.tensors["old_log_probs"],
+                batch.tensors["ref_log_prob"],
+                batch.tensors["response_mask"],
+                self.kl_ctrl.value,
+                self.cfg.algorithm.kl_penalty,
+            )
+            self.kl_ctrl.update(float(current_kl), n_steps=len(rows))
+            batch.tensors["token_level_rewards"] = rewards
+            self._round_metrics["actor/reward_kl_penalty"] = float(current_kl)
+            self._round_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl.value)
+        else:
+            batch.tensors["token_level_rewards"] = batch.tensors["token_level_scores"].clone()
+        self.generated_response_tokens += float(batch.tensors["response_mask"].sum())
+        return batch
+
+    def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
+        s = self.settings
+        with self.timer("old_log_prob"):
+            lp, ent = compute_log_prob(
+                self.model, batch, s.temperature, s.log_prob_micro_batch_size, calculate_entropy=True
+            )
+        batch.tensors["old_log_probs"] = lp
+        metrics = {
+            "actor/entropy": float(agg_loss(ent, batch.tensors["response_mask"].float(), s.loss_agg_mode))
+        }
+        if self.ref_model is not None:
+            with self.timer("ref"):
+                ref, _ = compute_log_prob(self.ref_model, batch, s.temperature, s.log_prob_micro_batch_size)
+            batch.tensors["ref_log_prob"] = ref
+        return metrics
+
+    # ---------------------------------------------------------------- validation
+
+    def validate(self) -> dict[str, float]:
+        if not self.val_rows:
+            return {}
+        params = self._sampling_params(validate=True)
+        batches = []
+        bs = int(self.cfg.data.val_batch_size or 256)
+        for s in range(0, len(self.val_rows), bs):
+            rows = [r.as_dict() for r in self.val_rows[s : s + bs]]
+            b = self._rollout(rows, params)
+            b["uid"] = [f"val-{r['index']}" for r in rows for _ in range(params.n)]
+            batches.append(b)
+        batch = Batch.concat(batches)
+        extra = self._score(batch)
+        reward = batch.tensors["token_level_scores"].sum(-1).tolist()
+        infos = {"reward": reward, **{k: list(v) for k, v in extra.items()}}
+        out = process_validation_metrics(list(batch["data_source"]), list(batch["uid"]), infos)
+        acc = [float(a) for a in extra.get("acc", [])]
+        if acc:
+            out["val/acc"] = float(np.mean(acc))
+        return out
+
+    # ---------------------------------------------------------------- the loop
+
+    def fit(self) -> dict[str, Any]:
+        t_start = time.time()
+        self.print(f"run directory: {self.run_dir}")
+        tr = self.cfg.trainer
+        before: dict[str, float] = {}
+        if tr.val_before_train or tr.val_only:
+            with _timed() as t:
+                before = self.validate()
+            if before:
+                self._log({**before, "timing_s/testing": t.seconds}, step=0)
+        if tr.val_only:
+            return self._finish(before, before, t_start)
+        last_val = before
+        from dapo.progress import StepProgress
+
+        with StepProgress(self.total_training_steps, enabled="console" in tr.logger) as progress:
+            while self.global_step < self.total_training_steps:
+                self.global_step += 1
+                metrics = self._train_step(progress)
+                is_last = self.global_step >= self.total_training_steps
+                if tr.test_freq > 0 and (is_last or self.global_step % tr.test_freq == 0):
+                    with _timed() as t:
+                        last_val = self.validate()
+                    metrics.update(last_val)
+                    metrics["timing_s/testing"] = t.seconds
+                progress.advance(metrics)
+                self._log(metrics, step=self.global_step)
+        after = last_val
+        if tr.test_freq <= 0 or not last_val:
+            after = self.validate()
+            if after:
+                self._log(after, step=self.global_step)
+        return self._finish(before, after, t_start)
+
+    def _train_step(self, progress: Any) -> dict[str, float]:
+        self.timer = Timer()
+        self._round_metrics: dict[str, float] = {}
+        self.generated_response_tokens = 0.0
+        with self.timer("step"):
+            sampled = self.batcher.next_batch(
+                self.sampler, self._generate_and_score, on_round=progress.on_round
+            )
+            metrics: dict[str, float] = dict(sampled.metrics)
+            metrics.update(self._round_metrics)
+            if sampled.action != "train" or sampled.batch is None or len(sampled.batch) == 0:
+                self.print(f"step {self.global_step}: no update (dynamic sampling: {sampled.action})")
+                metrics["training/skipped_step"] = 1.0
+                return metrics
+            batch = sampled.batch
+            metrics.update(self._compute_old_and_ref(batch))
+            with self.timer("adv"):
+                adv, ret = self.adv_fn(
+                    token_level_rewards=batch.tensors["token_level_rewards"],
+                    response_mask=batch.tensors["response_mask"].float(),
+                    index=np.asarray(batch["uid"]),
+                    norm_adv_by_std_in_grpo=self.cfg.algorithm.norm_adv_by_std_in_grpo,
+                    config=self.cfg.algorithm,
+                    epsilon=1e-6,
+                )
+            batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
+            with self.timer("update_actor"):
+                metrics.update(self.actor.update_policy(batch))
+            self.scheduler.step()
+        metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
+        metrics.update(compute_data_metrics(batch))
+        metrics.update(compute_timing_metrics(batch, self.timer.raw))
+        metrics["training/global_step"] = float(self.global_step)
+        metrics["training/epoch"] = float(self.sampler.epoch)
+        return metrics
+
+    def _log(self, metrics: dict[str, Any], step: int) -> None:
+        for t in self.trackers:
+            t.log(metrics, step)
+
+    def _finish(self, before: dict[str, float], after: dict[str, float], t_start: float) -> dict[str, Any]:
+        tr = self.cfg.trainer
+        model_dir = None
+        if tr.save_final_model and not tr.val_only:
+            model_dir = self.run_dir / "final_model"
+            self.model.save_pretrained(model_dir, safe_serialization=True)
+            self.tokenizer.save_pretrained(model_dir)
+        summary = {
+            "run_dir": str(self.run_dir),
+            "model_path": self.model_path,
+            "final_model": str(model_dir) if model_dir else None,
+            "steps": self.global_step,
+            "total_training_steps": self.total_training_steps,
+            "wall_time_s": round(time.time() - t_start, 1),
+            "val_acc_before": before.get("val/acc"),
+            "val_acc_after": after.get("val/acc"),
+            "val_before": {k: v for k, v in before.items() if k.startswith("val-core/")},
+            "val_after": {k: v for k, v in after.items() if k.startswith("val-core/")},
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        for t in self.trackers:
+            t.close()
+        self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
+        return summary
+
+
+class _timed:
+    def __enter__(self) -> _timed:
+        self.t0 = time.perf_counter()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+
+
+def new_uid() -> str:
+    return uuid.uuid4().hex
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

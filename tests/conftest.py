@@ -1,0 +1,38 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    from dapo.model.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
+    """A randomly initialised tiny Qwen2 + char tokenizer saved as a Hugging Face directory."""
+    from transformers import Qwen2ForCausalLM
+
+    from dapo.model.tiny import tiny_config
+
+    torch.manual_seed(0)
+    tok = char_tokenizer
+    cfg = tiny_config(
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny_random")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

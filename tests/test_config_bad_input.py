@@ -1,0 +1,101 @@
+"""Every bad configuration is rejected before any work, with a message naming the key."""
+
+import pytest
+
+from dapo.config.load import ConfigError, load_config, preset_names
+from dapo.config.validate import validate
+
+
+def problems(*overrides: str, preset: str = "default") -> list[str]:
+    try:
+        cfg = load_config(list(overrides), preset=preset)
+    except ConfigError as e:
+        return e.problems
+    return validate(cfg)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_is_valid(preset):
+    assert problems(preset=preset) == []
+
+
+def test_unknown_key_is_named_with_a_suggestion():
+    (p,) = problems("actor_rollout_ref.actor.clip_ratio_hihg=0.3")
+    assert "actor_rollout_ref.actor.clip_ratio_hihg" in p and "clip_ratio_high" in p
+
+
+def test_gen_batch_smaller_than_train_batch():
+    (p,) = problems("data.gen_batch_size=8", "data.train_batch_size=16")
+    assert "data.gen_batch_size=8" in p and "data.train_batch_size=16" in p
+
+
+def test_train_batch_not_divisible_by_mini_batch():
+    ps = problems("data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=6")
+    assert any("not divisible by actor_rollout_ref.actor.ppo_mini_batch_size=6" in p for p in ps)
+
+
+def test_unknown_loss_agg_mode():
+    (p,) = problems("actor_rollout_ref.actor.loss_agg_mode=token-median")
+    assert "actor_rollout_ref.actor.loss_agg_mode" in p and "seq-mean-token-mean" in p
+
+
+def test_unknown_filter_metric():
+    (p,) = problems("algorithm.filter_groups.metric=accuracy")
+    assert "algorithm.filter_groups.metric" in p and "'accuracy'" in p
+
+
+def test_wrong_type_names_the_key():
+    (p,) = problems("data.train_batch_size=many")
+    assert "data.train_batch_size" in p
+
+
+def test_all_problems_reported_together():
+    ps = problems(
+        "data.gen_batch_size=4", "actor_rollout_ref.actor.loss_agg_mode=x", "algorithm.adv_estimator=gae"
+    )
+    assert len(ps) == 3
+
+
+def test_verl_plus_syntax_and_reward_kwargs_alias():
+    cfg = load_config(
+        [
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=6",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "++actor_rollout_ref.rollout.n=4",
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=256",
+        ]
+    )
+    assert cfg.reward_model.overlong_buffer.enable is True
+    assert cfg.reward_model.overlong_buffer.len == 6
+    assert cfg.reward_model.overlong_buffer.penalty_factor == 0.5
+    assert cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.actor_rollout_ref.model.override_config.max_position_embeddings == 256
+
+
+def test_interpolated_run_dir():
+    cfg = load_config(["trainer.project_name=p", "trainer.experiment_name=e"])
+    assert cfg.trainer.default_local_dir == "checkpoints/p/e"
+
+
+def test_dapo_preset_has_recipe_values():
+    cfg = load_config([], preset="dapo")
+    a = cfg.actor_rollout_ref.actor
+    assert (a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c) == (0.2, 0.28, 10.0)
+    assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.algorithm.filter_groups.max_num_gen_batches == 10
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size, cfg.actor_rollout_ref.rollout.n) == (
+        512,
+        1536,
+        16,
+    )
+    assert cfg.reward_model.overlong_buffer.len == 4096
+
+
+def test_cli_validate_exit_code(capsys):
+    from dapo.cli import main
+
+    assert main(["validate", "data.gen_batch_size=1", "data.train_batch_size=2"]) == 2
+    err = capsys.readouterr().err
+    assert "data.gen_batch_size=1" in err
+    assert main(["validate"]) == 0
