@@ -24,7 +24,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
-from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, OUT_OF_BAND, GroupOutcome, classify
+from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class SampledStep:
     batch: Batch | None
     action: str  # "train" | "skip"
     metrics: dict[str, float] = field(default_factory=dict)
+    # one record per group generated during this step, kept or filtered, in generation order
+    # (see ``_Stats.record``); the viewer's ``GroupRecorder`` aggregates them into groups.jsonl
+    group_records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_groups(self) -> int:
@@ -94,9 +97,65 @@ class _Stats:
     carried_in: int = 0
     shaped_slip: int = 0
     round_sizes: list[int] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)
 
     def filtered(self) -> int:
         return self.all_correct + self.all_wrong + self.out_of_band
+
+    def record(self, b: Batch, outcomes: list[GroupOutcome] | None) -> None:
+        """Per-group outcome of this round (``outcomes=None``: filtering disabled, all kept).
+
+        ``mean``: fraction of the group's responses that are correct (``acc``, else ``score > 0``;
+        None when the batch has neither); ``metric_mean``: mean of the filter metric;
+        ``response_lengths``: generated tokens per response.
+        """
+        if outcomes is None:
+            outcomes = [
+                GroupOutcome(uid, rows, KEPT, float("nan"), None) for uid, rows in b.group_slices("uid")
+            ]
+        lengths = (
+            b.tensors["response_mask"].sum(-1).to(torch.int64).tolist()
+            if "response_mask" in b.tensors
+            else None
+        )
+        correct = _correct_values(b)
+        index = b.non_tensors.get("index")
+        for o in outcomes:
+            rows = o.rows.tolist()
+            idx = None if index is None else _plain(index[rows[0]])
+            self.groups.append(
+                {
+                    "round": self.rounds,
+                    "fate": FATES.get(o.label, o.label),
+                    "n": len(rows),
+                    "mean": None if correct is None else float(np.mean([correct[i] for i in rows])),
+                    "metric_mean": o.mean if math.isfinite(o.mean) else None,
+                    "index": idx if isinstance(idx, int | str) else None,
+                    "response_lengths": None if lengths is None else [lengths[i] for i in rows],
+                }
+            )
+
+
+# the fate of a generated group as the viewer names it (the dynamic_sampling/* metric names)
+FATES = {
+    KEPT: "kept",
+    ALL_CORRECT: "filtered_all_correct",
+    ALL_WRONG: "filtered_all_wrong",
+    OUT_OF_BAND: "filtered_out_of_band",
+}
+
+
+def _correct_values(b: Batch) -> list[float] | None:
+    for col, fn in (
+        ("acc", lambda v: float(bool(v) if isinstance(v, bool | np.bool_) else float(v))),
+        ("score", lambda v: float(float(v) > 0)),
+    ):
+        if col in b.non_tensors:
+            try:
+                return [fn(v) for v in b.non_tensors[col].tolist()]
+            except (TypeError, ValueError):
+                continue
+    return None
 
 
 def _response_tokens(b: Batch) -> float:
@@ -156,6 +215,7 @@ class DynamicBatcher:
         else:
             step = self._step_default(source, generate, st, on_round)
         step.metrics.update(self._metrics(st, step, source))
+        step.group_records = st.groups
         if step.action == "train":
             self.version += 1
         return step
@@ -259,6 +319,7 @@ class DynamicBatcher:
         rows = source.take(self.gen_batch_size)
         b = self._generate(rows, generate, st)
         st.kept += len(rows)
+        st.record(b, None)
         self._report(on_round, st, len(rows))
         return SampledStep(self._with_staleness(b, self.version), "train", {})
 
@@ -271,6 +332,7 @@ class DynamicBatcher:
             b = self._generate(rows, generate, st)
             outcomes = classify(b, self.cfg.metric, verl=True)
             self._count(outcomes, st)
+            st.record(b, outcomes)
             keep_rows = [r for o in outcomes if o.kept for r in o.rows.tolist()]
             kept += sum(1 for o in outcomes if o.kept)
             parts.append(b.select(sorted(keep_rows)))
@@ -324,6 +386,7 @@ class DynamicBatcher:
             b = self._generate(rows, generate, st)
             outcomes = classify(b, cfg.metric, rule=cfg.filter_rule, band=self.band)
             self._count(outcomes, st)
+            st.record(b, outcomes)
             kept_now = 0
             index_col = b.non_tensors["index"]
             for o in outcomes:
