@@ -107,6 +107,9 @@ def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -30,6 +30,7 @@ from dapo.actor.dp_actor import Actor, actor_settings_from_config, compute_log_p
 from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.algo.agg import agg_loss
 from dapo.algo.kl import apply_kl_penalty, get_kl_controller
+from dapo.algo.rollout_correction import compute_rollout_correction
 from dapo.batch import Batch
 from dapo.config.load import ConfigError
 from dapo.config.validate import validate
@@ -180,30 +181,12 @@ class Trainer:
         )
 
     def _setup_reward(self) -> None:
-        from dapo.reward.manager import DAPORewardManager, NaiveRewardManager
+        from dapo.reward.factory import build_reward_manager
 
-        rm = self.cfg.reward_model
         self.response_length = int(
             self.cfg.actor_rollout_ref.rollout.response_length or self.cfg.data.max_response_length
         )
-        max_resp_len = int(rm.reward_kwargs.get("max_resp_len") or self.response_length)
-        compute_score = None
-        crf = self.cfg.custom_reward_function
-        if crf.path:
-            from dapo.reward.pool import ScorerRef
-
-            compute_score = ScorerRef(path=str(crf.path), name=str(crf.name))
-        cls = DAPORewardManager if rm.reward_manager == "dapo" else NaiveRewardManager
-        kwargs: dict[str, Any] = dict(
-            compute_score=compute_score,
-            reward_fn_key=self.cfg.data.reward_fn_key,
-            reward_kwargs=dict(crf.reward_kwargs or {}),
-        )
-        if cls is DAPORewardManager:
-            kwargs.update(
-                max_resp_len=max_resp_len, overlong_buffer_cfg=OmegaConf.to_container(rm.overlong_buffer)
-            )
-        self.reward_fn = cls(self.tokenizer, **kwargs)
+        self.reward_fn = build_reward_manager(self.cfg, self.tokenizer)
 
     def _setup_algorithm(self) -> None:
         cfg = self.cfg
@@ -341,10 +324,31 @@ class Trainer:
         metrics = {
             "actor/entropy": float(agg_loss(ent, batch.tensors["response_mask"].float(), s.loss_agg_mode))
         }
+        metrics.update(self._rollout_correction(batch))
         if self.ref_model is not None:
             with self.timer("ref"):
                 ref, _ = compute_log_prob(self.ref_model, batch, s.temperature, s.log_prob_micro_batch_size)
             batch.tensors["ref_log_prob"] = ref
+        return metrics
+
+    def _rollout_correction(self, batch: Batch) -> dict[str, float]:
+        """Truncated IS weights / rejection against the sampler's own log-probs (when configured)."""
+        rc = self.cfg.algorithm.rollout_correction
+        if not (rc.rollout_is or rc.rollout_rs) or "rollout_log_probs" not in batch.tensors:
+            return {}
+        weights, mask, metrics = compute_rollout_correction(
+            batch.tensors["old_log_probs"],
+            batch.tensors["rollout_log_probs"],
+            batch.tensors["response_mask"].float(),
+            rollout_is=rc.rollout_is,
+            rollout_is_threshold=rc.rollout_is_threshold,
+            rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+        )
+        if weights is not None:
+            batch.tensors["rollout_is_weights"] = weights
+        batch.tensors["response_mask"] = mask.to(batch.tensors["response_mask"].dtype)
         return metrics
 
     # ---------------------------------------------------------------- validation
@@ -392,7 +396,8 @@ class Trainer:
                 self.global_step += 1
                 metrics = self._train_step(progress)
                 is_last = self.global_step >= self.total_training_steps
-                if tr.test_freq > 0 and (is_last or self.global_step % tr.test_freq == 0):
+                # validation also runs after the last step, whatever test_freq, so the summary has it
+                if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
                     with _timed() as t:
                         last_val = self.validate()
                     metrics.update(last_val)
@@ -400,10 +405,6 @@ class Trainer:
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
         after = last_val
-        if tr.test_freq <= 0 or not last_val:
-            after = self.validate()
-            if after:
-                self._log(after, step=self.global_step)
         return self._finish(before, after, t_start)
 
     def _train_step(self, progress: Any) -> dict[str, float]:

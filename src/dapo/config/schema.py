@@ -49,9 +49,10 @@ class KLCtrlConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = None
-    rollout_is_threshold: float = 2.0
+    # a float, or verl's "lower_upper" string form such as "0.5_2.0"
+    rollout_is_threshold: Any = 2.0
     rollout_rs: str | None = None
-    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold: Any = None
     bypass_mode: bool = False
     loss_type: str = "ppo_clip"
     rollout_is_batch_normalize: bool = False
@@ -224,6 +225,33 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class ScoringConfig:
+    """ours: how reward functions are isolated (``dapo.reward.manager.ScoringConfig``).
+
+    auto: the built-in regex scorers run in-process, everything else in worker processes
+    with a per-sample wall-clock timeout; process: everything in workers; inline: nothing.
+    A failed or timed-out sample scores ``failure_score`` and is counted.
+    """
+
+    mode: str = "auto"
+    timeout_s: float = 10.0
+    failure_score: float = -1.0
+    num_workers: int | None = None
+
+
+@dataclass
+class RewardObjectiveConfig:
+    """ours: one weighted reward function of a multi-objective reward."""
+
+    name: str = "score"
+    weight: float = 1.0
+    # a python file with the function; null means the built-in data_source router
+    path: str | None = None
+    function: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     reward_manager: str = "dapo"
@@ -233,6 +261,10 @@ class RewardModelConfig:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     use_reward_loop: bool = True
     launch_reward_fn_async: bool = False
+    # ours: safe scoring and multi-objective rewards (each objective is logged as reward/<name>/mean
+    # and can be named by algorithm.filter_groups.metric)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    objectives: list[RewardObjectiveConfig] | None = None
 
 
 @dataclass

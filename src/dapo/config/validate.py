@@ -22,6 +22,7 @@ def validate(cfg: Any) -> list[str]:
     from dapo.algo.policy_loss import POLICY_LOSS_REGISTRY
 
     p: list[str] = []
+    objectives = [o.name for o in (cfg.reward_model.objectives or [])]
     data, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout = arr.actor, arr.rollout
 
@@ -142,7 +143,7 @@ def validate(cfg: Any) -> list[str]:
         and not cfg.custom_reward_function.path
     ):
         p.append(
-            f"algorithm.filter_groups.metric: unknown metric {fg.metric!r}; known: {', '.join(KNOWN_FILTER_METRICS)} "
+            f"algorithm.filter_groups.metric: unknown metric {fg.metric!r}; known: {', '.join(known_metrics)} "
             "(a custom reward function may add its own keys)"
         )
 
@@ -172,6 +173,12 @@ def validate(cfg: Any) -> list[str]:
             ob.len <= data.max_response_length,
             f"reward_model.overlong_buffer.len={ob.len} exceeds data.max_response_length={data.max_response_length}",
         )
+    sc = cfg.reward_model.scoring
+    need(sc.mode in ("auto", "process", "inline"), f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}")
+    need(sc.timeout_s > 0, f"reward_model.scoring.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
+    if objectives and cfg.custom_reward_function.path:
+        p.append("reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective")
+    need(len(set(objectives)) == len(objectives), f"reward_model.objectives: names must be unique, got {objectives}")
     need(
         cfg.reward_model.reward_manager in ("dapo", "naive"),
         f"reward_model.reward_manager: unknown manager {cfg.reward_model.reward_manager!r}; known: dapo, naive",

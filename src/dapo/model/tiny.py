@@ -18,11 +18,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from dapo.data.builtin import Problem, split_problems
+from dapo.data.builtin import TIER_WEIGHTS, Problem, split_problems
 from dapo.model.tokenizer import build_char_tokenizer
 
 TINY_NAME = "tiny-arith-v1"
@@ -100,7 +101,11 @@ def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -
 
 
 def build_tiny_model(
-    out_dir: Path, seed: int = 0, steps: int = SFT_STEPS, log: Callable[[str], None] = print
+    out_dir: Path,
+    seed: int = 0,
+    steps: int = SFT_STEPS,
+    log: Callable[[str], None] = print,
+    on_checkpoint: Callable[[int, Any, Any], None] | None = None,
 ) -> dict:
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -108,6 +113,8 @@ def build_tiny_model(
     config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id)
     model = Qwen2ForCausalLM(config)
     train, _ = split_problems(seed=0)
+    by_tier = {t: [p for p in train if p.tier == t] for t in TIER_WEIGHTS}
+    tiers, weights = list(by_tier), [TIER_WEIGHTS[t] for t in by_tier]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps)
@@ -115,7 +122,7 @@ def build_tiny_model(
     model.train()
     t0 = time.time()
     for step in range(steps):
-        probs = rng.sample(train, SFT_BATCH)
+        probs = [rng.choice(by_tier[t]) for t in rng.choices(tiers, weights, k=SFT_BATCH)]
         ids, labels, attn = _sft_batch(tok, probs, rng)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -125,6 +132,8 @@ def build_tiny_model(
         sched.step()
         if (step + 1) % 100 == 0:
             log(f"  warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        if on_checkpoint is not None and (step + 1) % 200 == 0:
+            on_checkpoint(step + 1, model, tok)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     return {

@@ -1,0 +1,37 @@
+# `make demo` and `make test` create or refresh .venv, install dapo into it, then run.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# On a CPU machine torch must be exactly this build (a local wheel here); a plain `torch`
+# would pull a multi-GB CUDA build. On a machine with an NVIDIA GPU pip picks a CUDA build.
+TORCH_CPU := torch==2.13.0
+EXTRAS ?= dev
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint clean-venv
+
+$(VENV)/.installed: pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -q torch; \
+	else \
+		$(PIP) install -q $(TORCH_CPU); \
+	fi
+	@$(PIP) install -q -e '.[$(EXTRAS)]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/dapo train
+
+test: venv
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)
