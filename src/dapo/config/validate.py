@@ -136,10 +136,11 @@ def validate(cfg: Any) -> list[str]:
     # dynamic sampling
     fg = alg.filter_groups
     p.extend(sampling_cfg.validate(fg))
+    known_metrics = (*KNOWN_FILTER_METRICS, *objectives)
     if (
         fg.enable
         and fg.metric
-        and fg.metric not in KNOWN_FILTER_METRICS
+        and fg.metric not in known_metrics
         and not cfg.custom_reward_function.path
     ):
         p.append(

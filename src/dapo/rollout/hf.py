@@ -1,4 +1,9 @@
-"""Batched sampling with a KV cache for any Hugging Face causal LM (CPU or GPU)."""
+"""Batched sampling with a KV cache for any Hugging Face causal LM (CPU or GPU).
+
+Llama-family models (qwen2, llama, mistral) go through ``dapo.rollout.engine.FastEngine``
+(one prefill per prompt, preallocated cache, finished rows dropped); any other model through a
+generic loop over the model's own forward with its own cache.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dapo.rollout.decoder_fn import supports
+from dapo.rollout.engine import FastEngine
 from dapo.rollout.sampling_ops import sample_tokens
 
 
@@ -45,11 +52,34 @@ def left_pad(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.T
 class HFRollout:
     """Autoregressive sampling on a ``transformers`` model with its own KV cache."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, seed: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        seed: int = 0,
+        engine: str = "auto",
+        compile: bool = False,
+        compact_fraction: float = 0.25,
+    ):
+        """``engine``: "auto" (fast engine when the model is supported), "fast" (required) or "hf"
+        (the generic loop). ``compile`` wraps the fast engine's decode step in torch.compile."""
+        if engine not in ("auto", "fast", "hf"):
+            raise ValueError(f"engine must be auto, fast or hf, got {engine!r}")
+        if engine == "fast" and not supports(model):
+            raise ValueError(f"the fast rollout engine does not support {type(model).__name__}; use engine='hf'")
         self.model = model
         self.eos_token_ids = torch.as_tensor(sorted(set(eos_token_ids)), dtype=torch.long)
         self.pad_token_id = pad_token_id
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+        self._device_generators: dict[str, torch.Generator] = {}
+        self.engine = None
+        if engine != "hf" and supports(model):
+            self.engine = FastEngine(
+                model, self.eos_token_ids, pad_token_id, compact_fraction=compact_fraction, compile=compile
+            )
+        self.last_stats: dict[str, float] = {}
 
     @torch.no_grad()
     def generate(
@@ -58,6 +88,8 @@ class HFRollout:
         n = params.n
         width = prompt_width or max(len(p) for p in prompt_ids)
         prompts, prompt_mask = left_pad(prompt_ids, width, self.pad_token_id)
+        if self.engine is not None:
+            return self._generate_fast(prompts, prompt_mask, params)
         prompts = prompts.repeat_interleave(n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         device = next(self.model.parameters()).device
@@ -120,5 +152,38 @@ class HFRollout:
             truncated=~done,
         )
 
+    def _generate_fast(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams) -> RolloutOutput:
+        device = next(self.model.parameters()).device
+        # cut the left padding shared by every prompt: it would only be masked out
+        live = prompt_mask.bool().any(0)
+        first = int(live.nonzero()[0]) if live.any() else 0
+        res = self.engine.run(
+            prompts[:, first:].to(device),
+            prompt_mask[:, first:].to(device),
+            params.n,
+            params.response_length,
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.do_sample,
+            self._gen(device),
+        )
+        self.last_stats = {"decode_steps": res.decode_steps, "computed_rows": res.computed_rows}
+        ar = torch.arange(params.response_length)
+        lengths = res.lengths.cpu()
+        response_mask = (ar.unsqueeze(0) < lengths.unsqueeze(-1)).long()
+        return RolloutOutput(
+            prompts=prompts.repeat_interleave(params.n, dim=0),
+            responses=res.responses.cpu(),
+            response_mask=response_mask,
+            rollout_log_probs=res.log_probs.cpu() * response_mask,
+            truncated=~res.finished.cpu(),
+        )
+
     def _gen(self, device: torch.device) -> torch.Generator | None:
-        return self.generator if device.type == "cpu" else None
+        if device.type == "cpu":
+            return self.generator
+        key = str(device)
+        if key not in self._device_generators:
+            self._device_generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._device_generators[key]

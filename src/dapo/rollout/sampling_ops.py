@@ -6,7 +6,12 @@ import torch
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    """Mask logits outside top-k / the top-p nucleus with -inf. ``top_k`` <= 0 means no limit."""
+    """Mask logits outside top-k / the top-p nucleus with -inf. ``top_k`` <= 0 means no limit.
+
+    The same rules, in the same order, as transformers' ``TopKLogitsWarper`` then
+    ``TopPLogitsWarper``: a token is dropped from the nucleus when the probability mass of the
+    tokens ranked above it already reaches ``top_p`` (the top token always stays).
+    """
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -27,19 +32,25 @@ def sample_tokens(
     top_p: float,
     do_sample: bool,
     generator: torch.Generator | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens and their log-probs under the temperature-scaled distribution.
 
     The returned log-prob is that of the temperature-scaled logits before top-k/top-p
-    filtering, which is what the actor recomputes as the old log-prob.
+    filtering, which is what the actor recomputes as the old log-prob. With ``inplace`` a
+    float32 ``logits`` is scaled in place (the caller's scratch buffer), saving a copy.
     """
-    logits = logits.float()
+    if logits.dtype != torch.float32 and logits.dtype != torch.float64:
+        logits, inplace = logits.float(), True
     if not do_sample or temperature <= 0:
         tokens = logits.argmax(dim=-1)
         scaled = logits
     else:
-        scaled = logits / temperature
+        if temperature != 1.0:
+            scaled = logits.div_(temperature) if inplace else logits / temperature
+        else:
+            scaled = logits
         probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    logp = torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logp = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tokens, logp
