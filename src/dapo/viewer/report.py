@@ -434,6 +434,7 @@ FIGURES = (
         "dynamic_sampling/qualified_ratio: kept groups / generated groups in the step.",
         fig_qualified,
     ),
+    FigureSpec("validation", "Validation accuracy", "val-core/<data source>/acc/mean@N.", fig_validation),
     FigureSpec(
         "response_length",
         "Response length",
@@ -443,16 +444,14 @@ FIGURES = (
         fig_response_length,
         wide=True,
     ),
-    FigureSpec("validation", "Validation accuracy", "val-core/<data source>/acc/mean@N.", fig_validation),
-    FigureSpec("throughput", "Throughput", "perf/throughput.", fig_throughput),
     FigureSpec(
         "timing",
         "Time by phase",
         "timing_s/*: generation, reward, log-prob recomputation, reference, advantage and update; "
         "'other' is the rest of timing_s/step, 'testing' the validation run after the step.",
         fig_timing,
-        wide=True,
     ),
+    FigureSpec("throughput", "Throughput", "perf/throughput.", fig_throughput),
 )
 
 
@@ -501,7 +500,7 @@ table.summary td{border:1px solid #e0e0e0;padding:4px 10px} table.summary td:fir
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px}
 figure{margin:0;background:#fff;border:1px solid #e0e0e0;border-radius:6px;padding:10px}
 figure.wide{grid-column:1/-1} figure img{width:100%;height:auto;display:block}
-figure.wide img{max-width:1100px;margin:auto}
+figure.wide img{max-width:920px;margin:auto}
 figcaption{font-size:12.5px;color:#424242;margin-top:6px;line-height:1.4} figcaption b{color:#212121}
 .missing{font-size:13px;color:#8d6e63} .missing li{margin:2px 0}
 """
