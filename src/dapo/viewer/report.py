@@ -320,7 +320,10 @@ def fig_response_length(run: RunData):
 
 def fig_validation(run: RunData):
     all_steps = sorted(run.metrics)
-    keys = sorted({k for m in run.metrics.values() for k in m if k.startswith("val-core/")})
+    # accuracies only: verl also logs the spread (best@N/std, maj@N/std), not an accuracy
+    keys = sorted(
+        {k for m in run.metrics.values() for k in m if k.startswith("val-core/") and not k.endswith("/std")}
+    )
     if not keys:
         keys = ["val/acc"] if any("val/acc" in m for m in run.metrics.values()) else []
     if not keys:
@@ -330,7 +333,7 @@ def fig_validation(run: RunData):
         xs, ys = run.series(k, all_steps)
         label = k.removeprefix("val-core/")
         ax.plot(xs, ys, marker="o", ms=4, lw=1.5, label=label)
-        if len(ys):
+        if len(ys) and len(keys) == 1:
             ax.annotate(
                 f"{ys[-1]:.3f}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8
             )
