@@ -67,7 +67,9 @@ class HFRollout:
         if engine not in ("auto", "fast", "hf"):
             raise ValueError(f"engine must be auto, fast or hf, got {engine!r}")
         if engine == "fast" and not supports(model):
-            raise ValueError(f"the fast rollout engine does not support {type(model).__name__}; use engine='hf'")
+            raise ValueError(
+                f"the fast rollout engine does not support {type(model).__name__}; use engine='hf'"
+            )
         self.model = model
         self.eos_token_ids = torch.as_tensor(sorted(set(eos_token_ids)), dtype=torch.long)
         self.pad_token_id = pad_token_id
@@ -152,7 +154,9 @@ class HFRollout:
             truncated=~done,
         )
 
-    def _generate_fast(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams) -> RolloutOutput:
+    def _generate_fast(
+        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ) -> RolloutOutput:
         device = next(self.model.parameters()).device
         # cut the left padding shared by every prompt: it would only be masked out
         live = prompt_mask.bool().any(0)

@@ -39,18 +39,31 @@ def sample_tokens(
     The returned log-prob is that of the temperature-scaled logits before top-k/top-p
     filtering, which is what the actor recomputes as the old log-prob. With ``inplace`` a
     float32 ``logits`` is scaled in place (the caller's scratch buffer), saving a copy.
+
+    Sampling is by inverse CDF: one uniform per row against the running sum of
+    exp(logit - max), the same law as ``torch.multinomial`` on the softmax (which draws the
+    same way) at a fraction of its CPU cost on large vocabularies; the running sum's last
+    entry also gives the log-normaliser, so no separate softmax or log-softmax is built.
     """
     if logits.dtype != torch.float32 and logits.dtype != torch.float64:
         logits, inplace = logits.float(), True
     if not do_sample or temperature <= 0:
         tokens = logits.argmax(dim=-1)
-        scaled = logits
+        logp = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return tokens, logp
+    if temperature != 1.0:
+        scaled = logits.div_(temperature) if inplace else logits / temperature
     else:
-        if temperature != 1.0:
-            scaled = logits.div_(temperature) if inplace else logits / temperature
-        else:
-            scaled = logits
-        probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    logp = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        scaled = logits
+    filtered = filter_logits(scaled, top_k, top_p)
+    top = scaled.amax(dim=-1, keepdim=True)  # the top token always survives filtering
+    cdf = torch.exp(filtered - top).cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=total.device, dtype=total.dtype) * total
+    tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
+    if filtered is scaled:
+        log_z = top.squeeze(-1) + total.squeeze(-1).log()
+    else:
+        log_z = torch.logsumexp(scaled, dim=-1)
+    logp = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_z
     return tokens, logp

@@ -1,0 +1,1 @@
+"""``dapo bench rollout`` and ``dapo bench update``: our engine / packed actor vs the plain path."""

@@ -1,0 +1,122 @@
+"""Shared pieces of the benchmarks: models, a matmul peak, interleaved timing, FLOP counts."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def set_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, threads))
+
+
+def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
+    """Best FLOP/s of a square matmul in this process (same threads, same dtype as the model)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        torch.mm(a, b)
+        dt = time.perf_counter() - t
+        best = max(best, 2 * size**3 / dt)
+    return best
+
+
+def interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeats: int) -> dict[str, Any]:
+    """Run ``ours`` and ``baseline`` alternately (order flipped each round); each returns the
+    work it did (tokens). Returns median tokens/s of each and the median of per-round ratios."""
+    ours_tps, base_tps, ratios = [], [], []
+    for i in range(repeats):
+        pair = []
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            fn = ours if which == 0 else baseline
+            t = time.perf_counter()
+            work = fn()
+            pair.append((which, work / (time.perf_counter() - t)))
+        d = dict(pair)
+        ours_tps.append(d[0])
+        base_tps.append(d[1])
+        ratios.append(d[0] / d[1])
+    return {
+        "ours_tokens_per_s": statistics.median(ours_tps),
+        "baseline_tokens_per_s": statistics.median(base_tps),
+        "speedup": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
+def qwen2_100m_config(vocab_size: int = 32000, pad_id: int = 0, eos_id: int = 2):
+    """A ~100M-parameter Qwen2 shape (12 layers, hidden 768, GQA 12/4 heads, tied 32k vocab)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        rope_theta=10000.0,
+    )
+
+
+def build_100m(seed: int = 0, dtype: torch.dtype = torch.float32):
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(qwen2_100m_config()).to(dtype)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def load_default(dtype: torch.dtype = torch.float32):
+    """The built-in tiny model (warm-started, cached) and its tokenizer."""
+    from dapo.model.loader import load_model, load_tokenizer
+    from dapo.model.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model(log=lambda s: None)
+    return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
+
+
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def forward_flops_per_token(model: torch.nn.Module, context: float) -> float:
+    """Dense forward FLOPs for one token: 2 x (every matmul weight, the head included) plus
+    attention's 4 x layers x hidden x context (QK^T and PV over ``context`` keys)."""
+    cfg = model.config
+    inner = model.model
+    matmul_params = sum(p.numel() for n, p in inner.layers.named_parameters() if p.dim() == 2)
+    matmul_params += model.lm_head.weight.numel()
+    heads_dim = cfg.num_attention_heads * (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    )
+    return 2.0 * matmul_params + 4.0 * cfg.num_hidden_layers * heads_dim * context
+
+
+def fmt_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    body = [[cell(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)

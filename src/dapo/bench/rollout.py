@@ -1,0 +1,216 @@
+"""``dapo bench rollout``: our rollout engine vs ``model.generate`` (tokens/s, FLOP/s vs a matmul peak).
+
+Same model, prompts and sampling settings for both (temperature 1, no top-k/top-p, EOS stops a
+row), runs interleaved with the order flipped each round; the speedup is the median of the
+per-round ratios. Tokens are response tokens produced (up to and including EOS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from typing import Any
+
+import torch
+
+from dapo.bench.common import (
+    build_100m,
+    fmt_table,
+    forward_flops_per_token,
+    interleaved,
+    load_default,
+    matmul_peak_flops,
+    param_count,
+    set_threads,
+)
+from dapo.rollout.hf import HFRollout, SamplingParams, left_pad
+
+MODELS = ("tiny", "qwen2-100m")
+
+
+def _prompts(name: str, model, num_prompts: int, seed: int) -> tuple[list[list[int]], list[int], int]:
+    rng = random.Random(seed)
+    if name == "tiny":
+        from dapo.data.builtin import sample_problems, split_problems
+        from dapo.model.tokenizer import build_char_tokenizer
+
+        tok = build_char_tokenizer()
+        train, _ = split_problems(seed=0)
+        probs = sample_problems(train, num_prompts, seed=seed)
+        texts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=False
+            )
+            for p in probs
+        ]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return ids, [tok.eos_token_id], tok.pad_token_id
+    vocab = model.config.vocab_size
+    ids = [[rng.randrange(3, vocab) for _ in range(rng.randint(96, 160))] for _ in range(num_prompts)]
+    return ids, [2], 0
+
+
+def _response_tokens(gen: torch.Tensor, eos: list[int]) -> int:
+    """Tokens up to and including each row's first EOS (rows after EOS are padding)."""
+    is_eos = torch.isin(gen, torch.as_tensor(eos))
+    any_eos = is_eos.any(-1)
+    first = is_eos.float().argmax(-1) + 1
+    return int(torch.where(any_eos, first, torch.full_like(first, gen.shape[1])).sum())
+
+
+def bench_model(
+    name: str,
+    repeats: int,
+    num_prompts: int,
+    n: int,
+    new_tokens: int,
+    temperature: float,
+    seed: int,
+    compile: bool,
+    peak: float,
+) -> dict[str, Any]:
+    model = build_100m(seed) if name == "qwen2-100m" else load_default()[0]
+    prompts, eos, pad = _prompts(name, model, num_prompts, seed)
+    width = max(len(p) for p in prompts)
+    ids, mask = left_pad(prompts, width, pad)
+    rollout = HFRollout(model, eos, pad, seed=seed, compile=compile)
+    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, response_length=new_tokens)
+    gen_seed = [seed]
+    tokens_made = [0.0]
+
+    def ours() -> float:
+        out = rollout.generate(prompts, params, prompt_width=width)
+        tokens_made[0] = float(out.response_mask.sum())
+        return tokens_made[0]
+
+    @torch.no_grad()
+    def baseline() -> float:
+        gen_seed[0] += 1
+        torch.manual_seed(gen_seed[0])
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=temperature > 0,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            num_return_sequences=n,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+        return float(_response_tokens(out[:, width:], eos))
+
+    ours()  # warm-up (and compile, when asked)
+    baseline()
+    res = interleaved(ours, baseline, repeats)
+    p_mean = sum(len(p) for p in prompts) / len(prompts)
+    # useful work of a run: each distinct prompt prefilled once, then one decode step per
+    # response token (at the mean context); the same count is used for both engines
+    r_mean = tokens_made[0] / (num_prompts * n)
+    run_flops = num_prompts * p_mean * forward_flops_per_token(model, p_mean / 2)
+    run_flops += tokens_made[0] * forward_flops_per_token(model, p_mean + r_mean / 2)
+    flops_per_token = run_flops / max(1.0, tokens_made[0])
+    return {
+        "model": name,
+        "params_m": round(param_count(model) / 1e6, 1),
+        "batch": f"{num_prompts}x{n}",
+        "prompt_tokens_mean": round(p_mean, 1),
+        "new_tokens": new_tokens,
+        "ours_tokens_per_s": res["ours_tokens_per_s"],
+        "baseline_tokens_per_s": res["baseline_tokens_per_s"],
+        "speedup": res["speedup"],
+        "response_tokens_mean": round(r_mean, 1),
+        "flops_fraction_of_peak": res["ours_tokens_per_s"] * flops_per_token / peak,
+        "baseline_flops_fraction_of_peak": res["baseline_tokens_per_s"] * flops_per_token / peak,
+        "ratios": [round(r, 3) for r in res["ratios"]],
+    }
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    set_threads(args.threads)
+    peak = matmul_peak_flops()
+    rows = []
+    for name in args.models:
+        row = bench_model(
+            name,
+            args.repeats,
+            args.prompts,
+            args.n,
+            args.new_tokens,
+            args.temperature,
+            args.seed,
+            args.compile,
+            peak,
+        )
+        row["matmul_peak_gflops"] = peak / 1e9
+        row["threads"] = args.threads
+        rows.append(row)
+    return rows
+
+
+def _add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per model (default 5)")
+    p.add_argument("--prompts", type=int, default=8, help="distinct prompts (default 8)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8: batch 64)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--compile", action="store_true", help="torch.compile our decode step")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _main(args: argparse.Namespace) -> int:
+    rows = run(args)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(
+            fmt_table(
+                rows,
+                [
+                    "model",
+                    "params_m",
+                    "batch",
+                    "prompt_tokens_mean",
+                    "new_tokens",
+                    "response_tokens_mean",
+                    "ours_tokens_per_s",
+                    "baseline_tokens_per_s",
+                    "speedup",
+                    "flops_fraction_of_peak",
+                    "baseline_flops_fraction_of_peak",
+                ],
+            )
+        )
+        print(
+            f"matmul peak {rows[0]['matmul_peak_gflops']:.1f} GFLOP/s ({rows[0]['threads']} threads); "
+            f"per-round ratios: " + "; ".join(f"{r['model']} {r['ratios']}" for r in rows)
+        )
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``rollout`` to a ``dapo bench`` subparsers object; dispatch with ``args.func(args)``."""
+    p = subparsers.add_parser(
+        "rollout", help="our rollout engine vs model.generate", description=__doc__.split("\n\n")[0]
+    )
+    _add_args(p)
+    p.set_defaults(func=_main)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dapo bench")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    register(sub)
+    args = parser.parse_args(["rollout", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
