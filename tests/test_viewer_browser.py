@@ -171,10 +171,16 @@ def test_sort_by_score(tmp_path):
         app.query_one("#sort").value = "score_asc"
         await settle()
         assert app.order == [1, 0, 2, 3]
-        # the sort holds on the next step
+        # the sort holds on the next step; p from its first sample lands on the last of step 1
         await pilot.press("N")
         await settle()
         assert app.step == 2 and app.order == [1, 0]
+        await pilot.press("p")
+        await settle()
+        assert where(app) == (1, 3) and app.order == [1, 0, 2, 3]
+        await pilot.press("n")
+        await settle()
+        assert where(app) == (2, 1)
         # the sample list shows the scores in the sorted order
         ol = app.query_one("#samples")
         assert [str(ol.get_option_at_index(i).prompt) for i in range(ol.option_count)] == [

@@ -152,22 +152,25 @@ def _app_class():
             self.cur = 0 if at == "first" else max(0, len(self.order) - 1)
             self.loading = False
             if self.sort_mode != "original" or f.scores_ready:
-                self._scores_worker(dump, pos)
+                self._scores_worker(dump, pos, at)
             self._fill_samples()
             self.show()
 
         @work(thread=True, exclusive=True, group="scores")
-        def _scores_worker(self, dump: DumpDir, pos: int) -> None:
+        def _scores_worker(self, dump: DumpDir, pos: int, at: str = "first") -> None:
             dump.file(dump.steps[pos]).scores()
-            self.call_from_thread(self._scores_ready, dump, pos)
+            self.call_from_thread(self._scores_ready, dump, pos, at)
 
-        def _scores_ready(self, dump: DumpDir, pos: int) -> None:
+        def _scores_ready(self, dump: DumpDir, pos: int, at: str) -> None:
             if dump is not self.dump or pos != self.step_pos:
                 return
             f = self.dump.file(self.step)
             row = self.order[self.cur] if self.order else 0
             self.order = sort_order(f.scores(), self.sort_mode)
-            self.cur = 0 if self.sort_mode != "original" else row
+            if self.sort_mode == "original":
+                self.cur = row
+            else:
+                self.cur = 0 if at == "first" else max(0, len(self.order) - 1)
             self._fill_samples()
             self.show()
 
