@@ -56,6 +56,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Validation alone on a model directory (or a checkpoint's model), printing val-core metrics."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dapo.trainer import Trainer
+
+    overrides = list(args.overrides)
+    if args.model:
+        model = Path(args.model)
+        if (model / "model").is_dir() and not (model / "config.json").exists():
+            model = model / "model"  # a global_step_N checkpoint directory
+        overrides.append(f"actor_rollout_ref.model.path={model}")
+    overrides += ["trainer.val_only=true", "trainer.logger=[console]"]
+    args.overrides = overrides
+    cfg = _load(args)
+    console = Console(highlight=False)
+    trainer = Trainer(cfg, printer=console.print)
+    metrics = trainer.validate()
+    for k in sorted(metrics):
+        if k.startswith("val-core/") or k == "val/acc":
+            print(f"{k} = {metrics[k]:.6f}")
+    return 0
+
+
 def cmd_data_arithmetic(args: argparse.Namespace) -> int:
     from dapo.data.builtin import write_task
 
@@ -77,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a configuration and print it resolved; runs nothing")
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("eval", help="run validation alone on a model directory or checkpoint")
+    p.add_argument("--model", help="a Hugging Face model directory (e.g. RUN_DIR/final_model) or checkpoint")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_eval)
 
     data = sub.add_parser("data", help="data utilities").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("arithmetic", help="write the built-in arithmetic task as verl parquet")

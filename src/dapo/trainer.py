@@ -354,8 +354,18 @@ class Trainer:
     # ---------------------------------------------------------------- validation
 
     def validate(self) -> dict[str, float]:
+        """Held-out metrics. Sampling uses its own generator seeded from trainer.seed, so the
+        numbers depend only on the weights (``dapo eval`` of a saved model reproduces them)."""
         if not self.val_rows:
             return {}
+        train_generator = self.rollout.generator
+        self.rollout.generator = torch.Generator().manual_seed(int(self.cfg.trainer.seed) + 7919)
+        try:
+            return self._validate()
+        finally:
+            self.rollout.generator = train_generator
+
+    def _validate(self) -> dict[str, float]:
         params = self._sampling_params(validate=True)
         batches = []
         bs = int(self.cfg.data.val_batch_size or 256)
