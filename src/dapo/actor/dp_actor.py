@@ -2,7 +2,11 @@
 
 Each micro-batch loss is aggregated with the *mini-batch's* global token / sequence counts
 (``dapo.algo.agg``), and micro-batch losses are summed, so the accumulated gradient equals
-the gradient of the whole mini-batch at once for every ``loss_agg_mode`` (DESIGN.md rule 1).
+the gradient of the whole mini-batch at once for every ``loss_agg_mode`` (DESIGN.md rule 1),
+however the rows are grouped into micro-batches: fixed ``ppo_micro_batch_size`` slices, or
+with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
+(``dapo.actor.seqlen_balancing``). With ``use_remove_padding`` each micro-batch runs packed
+(``dapo.actor.forward.packed_response_logprobs``): pad tokens cost nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo.actor.forward import response_logprobs
+from dapo.actor.forward import packed_response_logprobs, response_logprobs
+from dapo.actor.seqlen_balancing import fixed_micro_batches, rearrange_micro_batches, restore_order
 from dapo.algo.agg import agg_loss, compute_global_batch_info
 from dapo.algo.kl import kl_penalty
 from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
@@ -40,6 +45,28 @@ class ActorSettings:
     kl_loss_coef: float
     kl_loss_type: str
     log_prob_micro_batch_size: int
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    use_remove_padding: bool = False
+
+    def log_prob_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
+        return {
+            "use_dynamic_bsz": self.log_prob_use_dynamic_bsz,
+            "max_token_len": self.log_prob_max_token_len_per_gpu,
+            "use_remove_padding": self.use_remove_padding,
+        }
+
+
+def micro_batch_indices(
+    attention_mask: torch.Tensor, micro_batch_size: int, use_dynamic_bsz: bool, max_token_len: int, key: str
+) -> list[list[int]]:
+    """Row indices of each micro-batch: fixed-size slices, or token-budget balanced partitions."""
+    if not use_dynamic_bsz:
+        return fixed_micro_batches(attention_mask.shape[0], micro_batch_size)
+    return rearrange_micro_batches(attention_mask.sum(-1).tolist(), max_token_len, key=key)
 
 
 def _inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -53,28 +80,32 @@ def compute_log_prob(
     temperature: float,
     micro_batch_size: int,
     calculate_entropy: bool = False,
+    use_dynamic_bsz: bool = False,
+    max_token_len: int = 16384,
+    use_remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropies) of ``responses`` under ``model``, in batch order."""
+    """Per-token log-probs (and entropies) of ``responses`` under ``model``, in batch order.
+
+    ``use_dynamic_bsz``: micro-batches of at most ``max_token_len`` tokens (balanced), results
+    put back in the batch's order; otherwise slices of ``micro_batch_size`` rows."""
+    forward = packed_response_logprobs if use_remove_padding else response_logprobs
     was_training = model.training
     model.eval()
     try:
         ids, attn, width = _inputs(batch)
+        parts = micro_batch_indices(
+            attn, micro_batch_size, use_dynamic_bsz, max_token_len, "log_prob_max_token_len_per_gpu"
+        )
         lps, ents = [], []
-        for s in range(0, ids.shape[0], micro_batch_size):
-            lp, ent = response_logprobs(
-                model,
-                ids[s : s + micro_batch_size],
-                attn[s : s + micro_batch_size],
-                width,
-                temperature,
-                calculate_entropy,
-            )
+        for part in parts:
+            rows = torch.as_tensor(part, dtype=torch.long)
+            lp, ent = forward(model, ids[rows], attn[rows], width, temperature, calculate_entropy)
             lps.append(lp)
             if ent is not None:
                 ents.append(ent)
     finally:
         model.train(was_training)
-    return torch.cat(lps), (torch.cat(ents) if ents else None)
+    return restore_order(lps, parts), (restore_order(ents, parts) if ents else None)
 
 
 class Actor:
@@ -84,6 +115,7 @@ class Actor:
         self.s = settings
         self.policy_loss_fn = get_policy_loss_fn(settings.loss_mode)
         self.nonfinite_steps = 0
+        self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
         s = self.s
@@ -117,11 +149,18 @@ class Actor:
         acc: dict[str, float] = {"actor/pg_loss": 0.0}
         weighted: dict[str, float] = {}
         need_entropy = s.calculate_entropy or s.entropy_coeff != 0
-        for m0 in range(0, len(mini), s.ppo_micro_batch_size):
-            micro = mini.slice(m0, m0 + s.ppo_micro_batch_size)
+        parts = micro_batch_indices(
+            mini.tensors["attention_mask"],
+            s.ppo_micro_batch_size,
+            s.use_dynamic_bsz,
+            s.ppo_max_token_len_per_gpu,
+            "ppo_max_token_len_per_gpu",
+        )
+        for part in parts:
+            micro = mini.select(np.asarray(part)) if s.use_dynamic_bsz else mini.slice(part[0], part[-1] + 1)
             ids, attn, width = _inputs(micro)
             mask = micro.tensors["response_mask"].float()
-            log_prob, entropy = response_logprobs(self.model, ids, attn, width, s.temperature, need_entropy)
+            log_prob, entropy = self._forward(self.model, ids, attn, width, s.temperature, need_entropy)
             pg_loss, pg_metrics = self.policy_loss_fn(
                 micro.tensors["old_log_probs"],
                 log_prob,
@@ -165,6 +204,8 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
     n = r.n
     micro = a.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size or a.ppo_mini_batch_size * n
     lp_micro = r.log_prob_micro_batch_size_per_gpu or r.log_prob_micro_batch_size or micro
+    model_cfg = cfg.actor_rollout_ref.model
+    use_dyn = bool(getattr(a, "use_dynamic_bsz", False))
     pl = a.policy_loss
     return ActorSettings(
         ppo_mini_batch_size=a.ppo_mini_batch_size * n,
@@ -197,4 +238,10 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
         kl_loss_coef=a.kl_loss_coef,
         kl_loss_type=a.kl_loss_type,
         log_prob_micro_batch_size=int(lp_micro),
+        use_dynamic_bsz=use_dyn,
+        ppo_max_token_len_per_gpu=int(getattr(a, "ppo_max_token_len_per_gpu", 16384)),
+        # verl interpolates log_prob_use_dynamic_bsz from the actor's use_dynamic_bsz
+        log_prob_use_dynamic_bsz=bool(getattr(r, "log_prob_use_dynamic_bsz", False)) or use_dyn,
+        log_prob_max_token_len_per_gpu=int(getattr(r, "log_prob_max_token_len_per_gpu", 16384)),
+        use_remove_padding=bool(getattr(model_cfg, "use_remove_padding", False)),
     )

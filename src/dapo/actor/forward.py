@@ -45,3 +45,63 @@ def response_logprobs(
         out_ent = ent.new_zeros((b, response_width))
         out_ent[:, :resp_cols] = ent
     return out_lp, out_ent
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor | list[int]]:
+    """The real tokens of every row, concatenated: ids [N], positions restarting at 0 per row,
+    ``cu_seqlens`` (row j is ``cu[j]:cu[j+1]``) and each token's packed index ``where`` [b, T]
+    (-1 on padding). Positions follow the padded path (cumsum of the mask - 1)."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    where = mask.flatten().long().cumsum(0).view_as(mask) - 1
+    where = where.masked_fill(~mask, -1)
+    positions = attention_mask.long().cumsum(-1) - 1
+    cu = [0, *lengths.cumsum(0).tolist()]
+    return {"ids": input_ids[mask], "positions": positions[mask], "cu_seqlens": cu, "where": where}
+
+
+def packed_response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_width: int,
+    temperature: float,
+    calculate_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``response_logprobs`` without padding (``use_remove_padding``): the rows' real tokens run
+    as one packed sequence, positions restarting per row and attention confined to each row, and
+    the head runs only on the positions that predict response tokens. Same values as the padded
+    computation (float tolerance). Models the lean decoder does not cover use the padded path."""
+    from dapo.rollout.decoder_fn import DecoderFn, supports
+
+    if not supports(model) or _dropout_active(model):
+        return response_logprobs(
+            model, input_ids, attention_mask, response_width, temperature, calculate_entropy
+        )
+    b, total = input_ids.shape
+    prompt_width = total - response_width
+    packed = pack_rows(input_ids, attention_mask)
+    resp_mask = attention_mask[:, prompt_width:].bool()
+    target = packed["where"][:, prompt_width:][resp_mask]  # packed index of each response token
+    if bool((attention_mask[:, :prompt_width].sum(-1) == 0)[resp_mask.any(-1)].any()):
+        raise ValueError("a row with response tokens has an empty prompt: nothing predicts its first token")
+    fn = DecoderFn(model)
+    hidden = fn.packed_hidden(packed["ids"], packed["positions"], packed["cu_seqlens"])
+    logits = fn.logits(hidden[target - 1])
+    logp, ent = logprobs_and_entropy(logits, packed["ids"][target], temperature, calculate_entropy)
+    flat = resp_mask.flatten().nonzero().squeeze(-1)
+    out_lp = logp.new_zeros(b * response_width).index_put((flat,), logp).view(b, response_width)
+    out_ent = None
+    if ent is not None:
+        out_ent = ent.new_zeros(b * response_width).index_put((flat,), ent).view(b, response_width)
+    return out_lp, out_ent
+
+
+def _dropout_active(model: torch.nn.Module) -> bool:
+    """The lean forward has no dropout: in training mode with dropout > 0 use the model's own."""
+    if not model.training:
+        return False
+    cfg = model.config
+    return any(
+        float(getattr(cfg, k, 0.0) or 0.0) > 0 for k in ("attention_dropout", "hidden_dropout", "dropout")
+    )
