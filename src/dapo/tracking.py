@@ -1,11 +1,58 @@
-"""Trackers: where per-step metrics go (``trainer.logger``)."""
+"""Trackers: where per-step metrics go (``trainer.logger``, a list).
+
+* ``console``: a compact line per step (the live progress bar is :mod:`dapo.progress`).
+* ``jsonl``: ``<run_dir>/metrics.jsonl``, one object per step.
+* ``tensorboard``: event files under ``<run_dir>/tensorboard`` (extra ``dapo[tensorboard]``).
+* ``wandb``: offline unless ``WANDB_MODE`` says otherwise, files under ``<run_dir>/wandb``
+  (extra ``dapo[wandb]``; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later).
+* ``mlflow``: a local file store ``<run_dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set
+  (extra ``dapo[mlflow]``; ``mlflow ui --backend-store-uri <run_dir>/mlruns`` shows it).
+
+wandb and mlflow remember their run id in the run directory, so a resumed run keeps logging
+into the same wandb / mlflow run.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+AVAILABLE = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+class TrackerUnavailable(ImportError):
+    """A tracker whose optional package is not installed; the message names the extra."""
+
+
+def _require(module: str, tracker: str, extra: str | None = None) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        extra = extra or tracker
+        raise TrackerUnavailable(
+            f"trainer.logger={tracker} needs the {extra!r} package, which is not installed: "
+            f"pip install 'dapo[{extra}]' (or remove {tracker} from trainer.logger). ({e})"
+        ) from e
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric metrics as floats (bools count; None, strings and containers are left out)."""
+    out = {}
+    for k, v in metrics.items():
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+            v = v.item()
+        if isinstance(v, bool | int | float):
+            out[k] = float(v)
+    return out
 
 
 class Tracker(Protocol):
@@ -74,13 +121,184 @@ class ConsoleTracker:
         pass
 
 
-def build_trackers(names: list[str], run_dir: Path, printer: Any) -> list[Tracker]:
+class TensorboardTracker:
+    """Scalars into tensorboard event files under ``<run_dir>/tensorboard`` (flushed every step)."""
+
+    def __init__(self, run_dir: Path, subdir: str = "tensorboard"):
+        _require("tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(run_dir) / subdir
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for k, v in _scalars(metrics).items():
+            self.writer.add_scalar(k, v, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _read_id(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+class WandbTracker:
+    """A wandb run: offline (no network) unless ``WANDB_MODE`` is set; files in ``<run_dir>/wandb``."""
+
+    ID_FILE = "wandb_run_id.txt"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        project: str,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+    ):
+        wandb = _require("wandb", "wandb")
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        id_file = run_dir / self.ID_FILE
+        run_id = _read_id(id_file) or secrets.token_hex(4)
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            mode=self.mode,
+            config=dict(config) if config else None,
+            settings=wandb.Settings(console="off", silent=True),
+        )
+        id_file.write_text(run_id + "\n")
+        self.run_id = run_id
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        data = {k: v for k, v in metrics.items() if v is not None}
+        self.run.log(data, step=step)
+
+    def close(self) -> None:
+        import wandb
+
+        self.run.finish()
+        # finish() returns before wandb's service process has written the run's files; tearing
+        # the service down waits for that, so the offline run is complete when close() returns
+        wandb.teardown()
+
+
+_MLFLOW_BAD = re.compile(r"[^\w\-. :/]")
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name mlflow accepts: ``@`` becomes ``_at_``, other disallowed characters ``_``."""
+    return _MLFLOW_BAD.sub("_", key.replace("@", "_at_"))
+
+
+class MlflowTracker:
+    """An mlflow run in a local file store ``<run_dir>/mlruns`` (or ``MLFLOW_TRACKING_URI``).
+
+    Metric names are made mlflow-safe with :func:`mlflow_key` (``mean@4`` -> ``mean_at_4``).
+    """
+
+    ID_FILE = "mlflow_run_id.txt"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        experiment: str,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        tracking_uri: str | None = None,
+    ):
+        _require("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.tracking_uri = (
+            tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        )
+        if self.tracking_uri.startswith("file:"):
+            # mlflow >= 3.x keeps the file store in maintenance mode behind this opt-in; it is the
+            # dependency-free local store (set MLFLOW_TRACKING_URI=sqlite:///... for a database)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        id_file = run_dir / self.ID_FILE
+        run_id = _read_id(id_file)
+        if run_id is not None:
+            try:
+                self.client.get_run(run_id)
+            except Exception:  # the store was moved or cleaned: start a new run
+                run_id = None
+        if run_id is None:
+            run = self.client.create_run(exp_id, run_name=run_name)
+            run_id = run.info.run_id
+            if config:
+                self.client.log_dict(run_id, _jsonable_tree(config), "config.json")
+            id_file.write_text(run_id + "\n")
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        self.experiment_id = exp_id
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(mlflow_key(k), v, ts, int(step)) for k, v in _scalars(metrics).items()]
+        for i in range(0, len(items), 1000):  # mlflow's per-call limit
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _jsonable_tree(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable_tree(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable_tree(x) for x in v]
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    return str(v)
+
+
+def build_trackers(
+    names: list[str],
+    run_dir: Path,
+    printer: Any,
+    *,
+    project_name: str = "dapo",
+    experiment_name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> list[Tracker]:
+    """The trackers named in ``trainer.logger``; a tracker whose package is missing raises
+    :class:`TrackerUnavailable` naming the extra to install, before any training starts."""
     out: list[Tracker] = []
+    seen = set()
     for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
         if name == "console":
             out.append(ConsoleTracker(printer))
         elif name == "jsonl":
             out.append(JsonlTracker(run_dir))
+        elif name == "tensorboard":
+            out.append(TensorboardTracker(run_dir))
+        elif name == "wandb":
+            out.append(WandbTracker(run_dir, project_name, experiment_name, config))
+        elif name == "mlflow":
+            out.append(MlflowTracker(run_dir, project_name, experiment_name, config))
         else:
-            raise ValueError(f"trainer.logger: {name!r} is not available in this build; use console, jsonl")
+            raise ValueError(f"trainer.logger: {name!r} is not a tracker; use {', '.join(AVAILABLE)}")
     return out
