@@ -10,7 +10,8 @@ distribution is the same; see tests/test_rollout_engine.py):
 * sampling scales the step's logits in place and takes the log-prob from one gather and one
   logsumexp (no extra vocabulary-sized copies); transformers' per-step mask building, cache
   objects and logits processors are skipped;
-* ``compile=True`` wraps the decode step in ``torch.compile`` (dynamic shapes).
+* ``compile=True`` wraps the decode step in ``torch.compile`` (dynamic shapes). Experimental:
+  not exercised by the tests, and on a small CPU the compile time outweighs the gain.
 """
 
 from __future__ import annotations
