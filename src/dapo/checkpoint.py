@@ -1,0 +1,444 @@
+"""Atomic checkpoints and exact resume.
+
+Layout of one checkpoint (``<run_dir>/global_step_<N>/``)::
+
+    actor/huggingface/     the model and tokenizer, Hugging Face format (``from_pretrained`` loads it)
+    actor/optimizer.pt     optimizer state_dict
+    actor/scheduler.pt     LR scheduler state_dict
+    rng_state.pt           python, numpy, torch CPU (and CUDA) RNG states + every torch.Generator
+                           found in the trainer state
+    trainer_state.json     the JSON-able trainer state (global step, sampler position, batcher
+                           state with its carried-over pool, KL coefficient, ...)
+    dapo_checkpoint.json   the manifest, written last: step, format version, every file and its size
+
+A checkpoint is written into a hidden temporary directory next to its final place and renamed
+onto ``global_step_<N>`` in one ``os.rename``; ``latest_checkpointed_iteration.txt`` (verl's
+name, holding ``N``) is then replaced atomically (temp file + ``os.replace``). A directory is only
+ever taken as a checkpoint when its manifest exists and every file it lists is there with the
+listed size, so a directory cut off mid-write (a crash, a full disk, a copy interrupted by
+hand) is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CKPT_PREFIX = "global_step_"
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+MANIFEST = "dapo_checkpoint.json"
+FORMAT_VERSION = 1
+HF_SUBDIR = Path("actor") / "huggingface"
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+_STEP_RE = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
+_GEN_TAG = "__torch_generator__"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the path and the config key."""
+
+
+# ------------------------------------------------------------------------------------ paths
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    return Path(run_dir) / f"{CKPT_PREFIX}{int(step)}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """``N`` for a path named ``global_step_N``, else None."""
+    m = _STEP_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def hf_model_dir(path: str | os.PathLike) -> Path:
+    """The Hugging Face model directory inside a checkpoint (or ``path`` itself if it is one)."""
+    p = Path(path)
+    if (p / "config.json").exists():
+        return p
+    return p / HF_SUBDIR
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds a manifest whose every listed file exists with its listed size."""
+    return _check_complete(Path(path)) is None
+
+
+def _check_complete(path: Path) -> str | None:
+    """None when complete, else the reason it is not."""
+    if not path.is_dir():
+        return "is not a directory"
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        return f"has no {MANIFEST} (cut off mid-write?)"
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+        step = int(manifest["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"has an unreadable {MANIFEST} ({e})"
+    named = checkpoint_step(path)
+    if named is not None and named != step:
+        return f"is named step {named} but its manifest says step {step}"
+    for rel, size in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"is missing {rel}"
+        if f.stat().st_size != int(size):
+            return f"has {rel} of {f.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def list_checkpoints(run_dir: str | os.PathLike, complete_only: bool = True) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the ``global_step_N`` directories in ``run_dir``, by step."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    out = []
+    for p in run_dir.iterdir():
+        step = checkpoint_step(p)
+        if step is None or not p.is_dir():
+            continue
+        if complete_only and not is_complete(p):
+            continue
+        out.append((step, p))
+    return sorted(out)
+
+
+def read_latest(run_dir: str | os.PathLike) -> int | None:
+    """The step in ``latest_checkpointed_iteration.txt``, or None when absent or unreadable."""
+    f = Path(run_dir) / LATEST_FILE
+    try:
+        return int(f.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------ save
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    trainer_state: Mapping[str, Any] | None = None,
+    max_to_keep: int | None = None,
+    fsync: bool = True,
+) -> Path:
+    """Write ``<run_dir>/global_step_<step>/`` atomically, then ``latest_checkpointed_iteration.txt``.
+
+    ``trainer_state`` must be JSON-able except for ``torch.Generator`` values (at any depth),
+    whose states go to ``rng_state.pt`` and come back as generators from :func:`load_checkpoint`.
+    ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep only the newest that many complete
+    checkpoints; None or <= 0 keeps all. Returns the checkpoint directory.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_dir(run_dir, step)
+    _remove_stale_tmp(run_dir)
+    tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        hf = tmp / HF_SUBDIR
+        hf.mkdir(parents=True)
+        model.save_pretrained(hf, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(hf)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "actor" / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "actor" / "scheduler.pt")
+        generators: dict[str, torch.Generator] = {}
+        state_json = _extract_generators(dict(trainer_state or {}), generators, "")
+        torch.save(_capture_rng(generators), tmp / "rng_state.pt")
+        (tmp / "trainer_state.json").write_text(
+            json.dumps({"global_step": int(step), **state_json}, default=_json_default)
+        )
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = {"format": FORMAT_VERSION, "step": int(step), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if fsync:
+            _fsync_tree(tmp)
+        if final.exists():  # re-saving a step (or replacing a cut-off directory of that name)
+            trash = run_dir / f".{final.name}.old-{os.getpid()}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        if fsync:
+            _fsync_dir(run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_atomic(run_dir / LATEST_FILE, f"{int(step)}\n", fsync=fsync)
+    if max_to_keep is not None and max_to_keep > 0:
+        prune_checkpoints(run_dir, max_to_keep, keep=final)
+    return final
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, max_to_keep: int, keep: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``max_to_keep`` complete checkpoints (never ``keep``); returns the deleted."""
+    done = list_checkpoints(run_dir)
+    doomed = [p for _, p in done[: max(0, len(done) - max_to_keep)] if keep is None or p != keep]
+    for p in doomed:
+        # rename first so a crash mid-delete never leaves a half-deleted dir under a step name
+        trash = p.parent / f".{p.name}.deleting-{os.getpid()}"
+        os.rename(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return doomed
+
+
+def _remove_stale_tmp(run_dir: Path) -> None:
+    for p in run_dir.glob(f".{CKPT_PREFIX}*"):
+        if p.is_dir() and re.search(r"\.(tmp|old|deleting)-\d+$", p.name):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _write_atomic(path: Path, text: str, fsync: bool = True) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        _fsync_dir(d)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return v.item()
+    raise TypeError(f"trainer_state holds a {type(v).__name__}, which is not JSON-able")
+
+
+def _extract_generators(obj: Any, out: dict[str, torch.Generator], path: str) -> Any:
+    if isinstance(obj, torch.Generator):
+        out[path] = obj
+        return {_GEN_TAG: path}
+    if isinstance(obj, Mapping):
+        return {k: _extract_generators(v, out, f"{path}/{k}") for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_extract_generators(v, out, f"{path}/{i}") for i, v in enumerate(obj)]
+    return obj
+
+
+def _capture_rng(generators: Mapping[str, torch.Generator]) -> dict[str, Any]:
+    st = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "name": st[0],
+            "keys": torch.from_numpy(np.asarray(st[1], dtype=np.int64)),
+            "pos": int(st[2]),
+            "has_gauss": int(st[3]),
+            "cached_gaussian": float(st[4]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "generators": {k: {"device": str(g.device), "state": g.get_state()} for k, g in generators.items()},
+    }
+    return state
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+def find_resume_checkpoint(
+    run_dir: str | os.PathLike, resume_mode: str = "auto", resume_from_path: str | None = None
+) -> Path | None:
+    """Where to resume from (``trainer.resume_mode`` / ``trainer.resume_from_path``), or None.
+
+    * ``disable``: None.
+    * ``auto``: the newest *complete* checkpoint in ``run_dir``, or None for a fresh start.
+      ``latest_checkpointed_iteration.txt`` is a hint: when it names a directory that is
+      missing or incomplete, the newest complete one is taken instead (with a warning).
+    * ``resume_path``: ``resume_from_path`` (a ``global_step_N`` directory), which must be complete.
+    """
+    if resume_mode not in RESUME_MODES:
+        raise CheckpointError(f"trainer.resume_mode={resume_mode!r} is not one of {', '.join(RESUME_MODES)}")
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        if not resume_from_path:
+            raise CheckpointError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)"
+            )
+        p = Path(resume_from_path).expanduser()
+        why = _check_complete(p)
+        if why is not None:
+            raise CheckpointError(f"trainer.resume_from_path={p} {why}: not a complete checkpoint")
+        return p
+    done = list_checkpoints(run_dir)
+    latest = read_latest(run_dir)
+    if latest is not None and not any(s == latest for s, _ in done):
+        fallback = f"global_step_{done[-1][0]}" if done else "a fresh start"
+        warnings.warn(
+            f"{Path(run_dir) / LATEST_FILE} names step {latest}, whose checkpoint is missing or "
+            f"incomplete; resuming from {fallback}",
+            stacklevel=2,
+        )
+    return done[-1][1] if done else None
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    *,
+    generators: Mapping[str, torch.Generator] | None = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler and RNG states from ``path``; return the trainer state.
+
+    Generators saved from the trainer state come back in the returned dict as new
+    ``torch.Generator`` objects; when ``generators`` maps the same keys (e.g.
+    ``{"rollout_generator": rollout.generator}``) their states are also set in place.
+    """
+    path = Path(path)
+    why = _check_complete(path)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path} {why}")
+    load_model_weights(model, path / HF_SUBDIR)
+    if optimizer is not None:
+        f = path / "actor" / "optimizer.pt"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path} has no optimizer state")
+        optimizer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
+    if scheduler is not None:
+        f = path / "actor" / "scheduler.pt"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path} has no scheduler state")
+        scheduler.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
+    rng = torch.load(path / "rng_state.pt", map_location="cpu", weights_only=True)
+    if restore_rng:
+        _restore_rng(rng)
+    restored: dict[str, torch.Generator] = {}
+    for key, g in rng["generators"].items():
+        gen = torch.Generator(device=g["device"]) if _device_ok(g["device"]) else torch.Generator()
+        gen.set_state(g["state"])
+        restored[key] = gen
+    state = json.loads((path / "trainer_state.json").read_text())
+    state = _insert_generators(state, restored, "")
+    for key, live in (generators or {}).items():
+        k = key if key.startswith("/") else f"/{key}"
+        if k not in restored:
+            raise CheckpointError(f"checkpoint {path} has no state for generator {key!r}")
+        live.set_state(restored[k].get_state())
+    return state
+
+
+def _device_ok(device: str) -> bool:
+    return device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available())
+
+
+def _insert_generators(obj: Any, gens: Mapping[str, torch.Generator], path: str) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {_GEN_TAG}:
+            return gens[obj[_GEN_TAG]]
+        return {k: _insert_generators(v, gens, f"{path}/{k}") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_insert_generators(v, gens, f"{path}/{i}") for i, v in enumerate(obj)]
+    return obj
+
+
+def _restore_rng(rng: Mapping[str, Any]) -> None:
+    random.setstate(_tuplify(rng["python"]))
+    n = rng["numpy"]
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        cuda = rng["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            warnings.warn(
+                f"checkpoint has CUDA RNG states for {len(cuda)} devices, this machine has "
+                f"{torch.cuda.device_count()}; CUDA RNG not restored",
+                stacklevel=3,
+            )
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def load_model_weights(model: torch.nn.Module, hf_dir: str | os.PathLike) -> None:
+    """Copy the safetensors weights in ``hf_dir`` into ``model`` in place (bitwise; tied weights allowed)."""
+    from safetensors.torch import load_file
+
+    hf_dir = Path(hf_dir)
+    index = hf_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [hf_dir / s for s in shards]
+    else:
+        files = [hf_dir / "model.safetensors"]
+    missing_files = [str(f) for f in files if not f.exists()]
+    if missing_files:
+        raise CheckpointError(f"model weights not found: {', '.join(missing_files)}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f), device="cpu"))
+    result = model.load_state_dict(sd, strict=False)
+    if result.unexpected_keys:
+        raise CheckpointError(f"{hf_dir}: weights not in the model: {result.unexpected_keys[:5]}")
+    if result.missing_keys:
+        # a missing key is fine only when it is tied to (shares storage with) a loaded one
+        params = dict(model.named_parameters(remove_duplicate=False))
+        loaded_ptrs = {params[k].data_ptr() for k in sd if k in params}
+        untied = [
+            k for k in result.missing_keys if k not in params or params[k].data_ptr() not in loaded_ptrs
+        ]
+        if untied:
+            raise CheckpointError(f"{hf_dir}: the checkpoint lacks weights {untied[:5]}")
