@@ -70,6 +70,7 @@ def _chromium(binary: str, profile: Path, *args: str, timeout: float = 90.0) -> 
 
 def check_page(html: Path, out_png: Path, binary: str, width: int = 1400) -> dict:
     """Load ``html`` in Chromium; returns {"images", "broken", "errors", "height", "screenshot"}."""
+    html = Path(html).resolve()
     with tempfile.TemporaryDirectory(prefix="dapo-chromium-") as tmp:
         tmp = Path(tmp)
         probe = tmp / "probe.html"
