@@ -85,6 +85,20 @@ def _metrics_by_step(run_dir):
     return rows
 
 
+def _logged_steps(run_dir):
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return set()
+    steps = set()
+    for line in lines:
+        try:
+            steps.add(json.loads(line)["step"])
+        except ValueError:  # a line being written
+            pass
+    return steps
+
+
 def _latest(run_dir):
     try:
         return int((run_dir / "latest_checkpointed_iteration.txt").read_text().strip())
@@ -105,6 +119,7 @@ def _subprocess_env():
     return env
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir, task):
     # 1. six steps straight
     straight = tmp_path / "straight"
@@ -123,10 +138,16 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 45
     try:
-        while (_latest(resumed) or 0) < KILL_AFTER:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
+        # Freeze the run (SIGSTOP) as soon as a checkpoint >= 3 is complete; kill it there if every
+        # checkpointed step has also been logged, else let it go on (the checkpoint is written just
+        # before the step's metrics line, so a kill in between would leave that line missing).
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (_latest(resumed) or 0) >= KILL_AFTER:
+                proc.send_signal(signal.SIGSTOP)
+                if _logged_steps(resumed) >= set(range(1, _latest(resumed) + 1)):
+                    break
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.002)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -161,6 +182,7 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
         assert torch.equal(a[k], b[k]), k
 
 
+@pytest.mark.slow
 def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, task):
     from dapo.checkpoint import MANIFEST, find_resume_checkpoint, is_complete
 
