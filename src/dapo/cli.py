@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_optional(data, "dapo.data.check")
 
     _register_optional(sub, "dapo.data.preprocess")
+    _register_optional(sub, "dapo.viewer")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     _register_optional(bench, "dapo.sampling.simulate")
     return parser

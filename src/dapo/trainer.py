@@ -98,6 +98,9 @@ class Trainer:
         self._setup_reward()
         self._setup_algorithm()
         self.trackers = build_trackers(list(tr.logger), self.run_dir, self.print)
+        from dapo.viewer.records import GroupRecorder
+
+        self.group_recorder = GroupRecorder.from_config(self.run_dir, cfg)
         self.global_step = 0
         self.timer = Timer()
         self._round_metrics: dict[str, float] = {}
@@ -141,10 +144,10 @@ class Trainer:
         d = self.cfg.data
         train_files, val_files = d.train_files, d.val_files
         if train_files is None:
-            from dapo.data.builtin import write_task
+            from dapo.data.builtin import task_fingerprint, write_task
             from dapo.model.tiny import cache_dir
 
-            tr_path, te_path = write_task(cache_dir() / "data" / "arithmetic-v1")
+            tr_path, te_path = write_task(cache_dir() / "data" / f"arithmetic-{task_fingerprint()}")
             train_files = str(tr_path)
             val_files = val_files if val_files is not None else str(te_path)
         common = dict(
@@ -414,6 +417,7 @@ class Trainer:
                     metrics["timing_s/testing"] = t.seconds
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
+                self.group_recorder.step_done(self.global_step, is_last=is_last)
         after = last_val
         return self._finish(before, after, t_start)
 
@@ -425,6 +429,7 @@ class Trainer:
             sampled = self.batcher.next_batch(
                 self.sampler, self._generate_and_score, on_round=progress.on_round
             )
+            self.group_recorder.write(self.global_step, sampled)
             metrics: dict[str, float] = dict(sampled.metrics)
             metrics.update(self._round_metrics)
             if sampled.action != "train" or sampled.batch is None or len(sampled.batch) == 0:

@@ -137,12 +137,7 @@ def validate(cfg: Any) -> list[str]:
     fg = alg.filter_groups
     p.extend(sampling_cfg.validate(fg))
     known_metrics = (*KNOWN_FILTER_METRICS, *objectives)
-    if (
-        fg.enable
-        and fg.metric
-        and fg.metric not in known_metrics
-        and not cfg.custom_reward_function.path
-    ):
+    if fg.enable and fg.metric and fg.metric not in known_metrics and not cfg.custom_reward_function.path:
         p.append(
             f"algorithm.filter_groups.metric: unknown metric {fg.metric!r}; known: {', '.join(known_metrics)} "
             "(a custom reward function may add its own keys)"
@@ -175,11 +170,19 @@ def validate(cfg: Any) -> list[str]:
             f"reward_model.overlong_buffer.len={ob.len} exceeds data.max_response_length={data.max_response_length}",
         )
     sc = cfg.reward_model.scoring
-    need(sc.mode in ("auto", "process", "inline"), f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}")
+    need(
+        sc.mode in ("auto", "process", "inline"),
+        f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}",
+    )
     need(sc.timeout_s > 0, f"reward_model.scoring.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
     if objectives and cfg.custom_reward_function.path:
-        p.append("reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective")
-    need(len(set(objectives)) == len(objectives), f"reward_model.objectives: names must be unique, got {objectives}")
+        p.append(
+            "reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective"
+        )
+    need(
+        len(set(objectives)) == len(objectives),
+        f"reward_model.objectives: names must be unique, got {objectives}",
+    )
     need(
         cfg.reward_model.reward_manager in ("dapo", "naive"),
         f"reward_model.reward_manager: unknown manager {cfg.reward_model.reward_manager!r}; known: dapo, naive",

@@ -110,3 +110,13 @@ def write_task(
     write_rows(train_path, [to_row(p, "train", i) for i, p in enumerate(train)])
     write_rows(test_path, [to_row(p, "test", i) for i, p in enumerate(test)])
     return train_path, test_path
+
+
+def task_fingerprint(train_size: int = 4000, test_size: int = 256, seed: int = 0) -> str:
+    """A short hash of the generated task, so a changed generator writes a new cache folder."""
+    import hashlib
+
+    train_pool, test_pool = split_problems(seed)
+    sample = sample_problems(train_pool, 16, seed) + sample_problems(test_pool, 16, seed)
+    text = repr((TIER_WEIGHTS, train_size, test_size, seed, len(train_pool), [p.question for p in sample]))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]

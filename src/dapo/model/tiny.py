@@ -26,11 +26,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dapo.data.builtin import TIER_WEIGHTS, Problem, split_problems
 from dapo.model.tokenizer import build_char_tokenizer
 
-TINY_NAME = "tiny-arith-v1"
+TINY_NAME = "tiny-arith"
 # Probability that a warm-start target is the right answer, by tier. Hard products are
 # never shown right, so the model starts (and usually stays) unable to do them.
 TARGET_ACCURACY = {"easy": 0.95, "medium": 0.5, "hard": 0.0}
-SFT_STEPS = 600
+SFT_STEPS = 800
+CLEAN_FRACTION = 0.7
+SFT_LR = 5e-3
 SFT_BATCH = 128
 
 
@@ -76,14 +78,32 @@ def near_miss(answer: int, rng: random.Random) -> int:
     return answer + 2
 
 
-def warm_start_target(p: Problem, rng: random.Random) -> str:
-    right = rng.random() < TARGET_ACCURACY[p.tier]
+def warm_start_target(p: Problem, rng: random.Random, clean: bool = False) -> str:
+    right = rng.random() < (1.0 if clean and p.tier != "hard" else TARGET_ACCURACY[p.tier])
     return f"Answer: {p.answer if right else near_miss(p.answer, rng)}"
+
+
+def recipe_fingerprint() -> str:
+    """A short hash of everything that shapes the built model, so a changed recipe rebuilds."""
+    import hashlib
+
+    from dapo.data import builtin
+
+    recipe = json.dumps(
+        {
+            "config": tiny_config(128, 0, 2).to_dict(),
+            "sft": [SFT_STEPS, SFT_BATCH, SFT_LR, CLEAN_FRACTION, TARGET_ACCURACY],
+            "task": [builtin.TIER_WEIGHTS, Problem(12, "+", 3, "medium").question],
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:10]
 
 
 def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started tiny model, building it if absent."""
-    target = cache_dir() / "models" / TINY_NAME
+    target = cache_dir() / "models" / f"{TINY_NAME}-{recipe_fingerprint()}"
     if (target / "config.json").exists() and (target / "dapo_warm_start.json").exists() and not force:
         return target
     log(f"building the default tiny model (first use) into {target} ...")
@@ -115,7 +135,7 @@ def build_tiny_model(
     train, _ = split_problems(seed=0)
     by_tier = {t: [p for p in train if p.tier == t] for t in TIER_WEIGHTS}
     tiers, weights = list(by_tier), [TIER_WEIGHTS[t] for t in by_tier]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps)
     )
@@ -123,7 +143,8 @@ def build_tiny_model(
     t0 = time.time()
     for step in range(steps):
         probs = [rng.choice(by_tier[t]) for t in rng.choices(tiers, weights, k=SFT_BATCH)]
-        ids, labels, attn = _sft_batch(tok, probs, rng)
+        # the algorithm is learnt from clean targets first; the noisy tail spreads the answers
+        ids, labels, attn = _sft_batch(tok, probs, rng, clean=step < CLEAN_FRACTION * steps)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -145,13 +166,13 @@ def build_tiny_model(
     }
 
 
-def _sft_batch(tok, problems: list[Problem], rng: random.Random):
+def _sft_batch(tok, problems: list[Problem], rng: random.Random, clean: bool = False):
     seqs, prompt_lens = [], []
     for p in problems:
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=False
         )
-        full = prompt + warm_start_target(p, rng) + tok.eos_token
+        full = prompt + warm_start_target(p, rng, clean) + tok.eos_token
         ids = tok(full, add_special_tokens=False)["input_ids"]
         seqs.append(ids)
         prompt_lens.append(len(tok(prompt, add_special_tokens=False)["input_ids"]))
