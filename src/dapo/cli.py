@@ -47,6 +47,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, printer=console.print)
     summary = trainer.fit()
     before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
+    if summary.get("stopped"):
+        console.print(f"stopped at step {summary['steps']}; run the same command again to resume")
+        return 0
     console.print(f"[bold]done[/bold] in {summary['wall_time_s']:.0f}s, {summary['steps']} steps")
     if before is not None and after is not None:
         console.print(
@@ -141,12 +144,19 @@ def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> N
 def main(argv: list[str] | None = None) -> int:
     import logging
 
+    from dapo.checkpoint import CheckpointError
+    from dapo.tracking import TrackerUnavailable
+    from dapo.trainer import TrainingError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
+        print(f"dapo: {e}", file=sys.stderr)
+        return 2
+    except (TrackerUnavailable, CheckpointError, TrainingError) as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -52,6 +52,10 @@ class StepProgress:
                 parts.append(f"{label} {info[key]}")
         self.progress.update(self.task, info=" ".join(parts))
 
+    def advance_to(self, step: int) -> None:
+        """Start the bar at ``step`` (a resumed run)."""
+        self.progress.update(self.task, completed=step)
+
     def advance(self, metrics: dict[str, Any]) -> None:
         tput = metrics.get("perf/throughput")
         info = f"{tput:,.0f} tok/s" if tput else ""

@@ -32,12 +32,16 @@ from dapo.algo.agg import agg_loss
 from dapo.algo.kl import apply_kl_penalty, get_kl_controller
 from dapo.algo.rollout_correction import compute_rollout_correction
 from dapo.batch import Batch
+from dapo.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config.load import ConfigError
 from dapo.config.validate import validate
 from dapo.data.dataset import PromptSampler, load_prompts
+from dapo.dumps import dump_batch
 from dapo.metrics import compute_data_metrics, compute_timing_metrics
+from dapo.profiling import estimate_mfu, peak_memory_gb, profile_step
 from dapo.rollout.hf import HFRollout, SamplingParams
 from dapo.sampling import DynamicBatcher
+from dapo.signals import GracefulStop
 from dapo.tracking import build_trackers
 from dapo.validation import process_validation_metrics
 
@@ -80,6 +84,13 @@ def lr_lambda(
     return fn
 
 
+MAX_CONSECUTIVE_NONFINITE = 3
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and how to continue."""
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, printer: Callable[[str], None] = print):
         problems = validate(cfg)
@@ -97,7 +108,14 @@ class Trainer:
         self._setup_data()
         self._setup_reward()
         self._setup_algorithm()
-        self.trackers = build_trackers(list(tr.logger), self.run_dir, self.print)
+        self.trackers = build_trackers(
+            list(tr.logger),
+            self.run_dir,
+            self.print,
+            project_name=tr.project_name,
+            experiment_name=tr.experiment_name,
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
         from dapo.viewer.records import GroupRecorder
 
         self.group_recorder = GroupRecorder.from_config(self.run_dir, cfg)
@@ -105,6 +123,56 @@ class Trainer:
         self.timer = Timer()
         self._round_metrics: dict[str, float] = {}
         self.generated_response_tokens = 0.0
+        self._reward_extra_keys: list[str] = []
+        self.stopped = False
+        self._resume()
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "sampler": self.sampler.state_dict(),
+            "batcher": self.batcher.state_dict(),
+            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "nonfinite_steps": self.actor.nonfinite_steps,
+            "rollout_generator": self.rollout.generator,
+            "rollout_device_generators": dict(getattr(self.rollout, "_device_generators", {})),
+        }
+
+    def _save(self) -> None:
+        save_checkpoint(
+            self.run_dir,
+            self.global_step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=self._trainer_state(),
+            max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep,
+        )
+
+    def _resume(self) -> None:
+        """Continue from the latest complete checkpoint (trainer.resume_mode), exactly."""
+        tr = self.cfg.trainer
+        path = find_resume_checkpoint(self.run_dir, tr.resume_mode, tr.resume_from_path)
+        if path is None:
+            return
+        st = load_checkpoint(
+            path,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            generators={"rollout_generator": self.rollout.generator},
+        )
+        self.global_step = int(st["global_step"])
+        self.sampler.load_state_dict(st["sampler"])
+        self.batcher.load_state_dict(st["batcher"])
+        if self.kl_ctrl is not None and st.get("kl_coef") is not None:
+            self.kl_ctrl.value = float(st["kl_coef"])
+        self.actor.nonfinite_steps = int(st["nonfinite_steps"])
+        if hasattr(self.rollout, "_device_generators"):
+            self.rollout._device_generators.update(st.get("rollout_device_generators") or {})
+        self.print(f"resumed from {path} (step {self.global_step})")
 
     # ---------------------------------------------------------------- setup
 
@@ -285,6 +353,7 @@ class Trainer:
 
     def _score(self, batch: Batch) -> dict[str, list]:
         scores, extra = self.reward_fn(batch)[:2]
+        self._reward_extra_keys = list(extra)
         batch.tensors["token_level_scores"] = scores
         for k, v in extra.items():
             batch[k] = list(v)
@@ -381,6 +450,14 @@ class Trainer:
         extra = self._score(batch)
         reward = batch.tensors["token_level_scores"].sum(-1).tolist()
         infos = {"reward": reward, **{k: list(v) for k, v in extra.items()}}
+        if self.cfg.trainer.validation_data_dir:
+            dump_batch(
+                self.cfg.trainer.validation_data_dir,
+                self.global_step,
+                batch,
+                self.tokenizer,
+                reward_extra_keys=list(extra),
+            )
         out = process_validation_metrics(list(batch["data_source"]), list(batch["uid"]), infos)
         acc = [float(a) for a in extra.get("acc", [])]
         if acc:
@@ -394,20 +471,26 @@ class Trainer:
         self.print(f"run directory: {self.run_dir}")
         tr = self.cfg.trainer
         before: dict[str, float] = {}
-        if tr.val_before_train or tr.val_only:
+        # a resumed run has validated before training already
+        if (tr.val_before_train and self.global_step == 0) or tr.val_only:
             with _timed() as t:
                 before = self.validate()
             if before:
-                self._log({**before, "timing_s/testing": t.seconds}, step=0)
+                self._log({**before, "timing_s/testing": t.seconds}, step=self.global_step)
         if tr.val_only:
             return self._finish(before, before, t_start)
         last_val = before
         from dapo.progress import StepProgress
 
-        with StepProgress(self.total_training_steps, enabled="console" in tr.logger) as progress:
+        with (
+            GracefulStop(self.print) as stop,
+            StepProgress(self.total_training_steps, enabled="console" in tr.logger) as progress,
+        ):
+            progress.advance_to(self.global_step)
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
-                metrics = self._train_step(progress)
+                with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
+                    metrics = self._train_step(progress)
                 is_last = self.global_step >= self.total_training_steps
                 # validation also runs after the last step, whatever test_freq, so the summary has it
                 if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
@@ -415,11 +498,17 @@ class Trainer:
                         last_val = self.validate()
                     metrics.update(last_val)
                     metrics["timing_s/testing"] = t.seconds
+                if stop.requested or (tr.save_freq > 0 and (is_last or self.global_step % tr.save_freq == 0)):
+                    with _timed() as t:
+                        self._save()
+                    metrics["timing_s/save_checkpoint"] = t.seconds
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
                 self.group_recorder.step_done(self.global_step, is_last=is_last)
-        after = last_val
-        return self._finish(before, after, t_start)
+                if stop.requested:
+                    break
+        self.stopped = stop.requested
+        return self._finish(before, last_val, t_start)
 
     def _train_step(self, progress: Any) -> dict[str, float]:
         self.timer = Timer()
@@ -451,9 +540,29 @@ class Trainer:
             with self.timer("update_actor"):
                 metrics.update(self.actor.update_policy(batch))
             self.scheduler.step()
+            if self.actor.consecutive_nonfinite >= MAX_CONSECUTIVE_NONFINITE:
+                raise TrainingError(
+                    f"{self.actor.consecutive_nonfinite} optimizer steps in a row had a non-finite gradient norm "
+                    f"(step {self.global_step}); the last checkpoint in {self.run_dir} is intact. Lower "
+                    "actor_rollout_ref.actor.optim.lr or check the data, then run the same command to resume"
+                )
+            if self.cfg.trainer.rollout_data_dir:
+                with self.timer("dump_rollout_generations"):
+                    dump_batch(
+                        self.cfg.trainer.rollout_data_dir,
+                        self.global_step,
+                        batch,
+                        self.tokenizer,
+                        reward_extra_keys=self._reward_extra_keys,
+                    )
         metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
         metrics.update(compute_data_metrics(batch))
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
+        seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.ppo_epochs
+        mfu = estimate_mfu(self.model.config, seq_lens, self.timer.raw.get("update_actor", 0.0))
+        if mfu is not None:
+            metrics["perf/mfu/actor"] = mfu
+        metrics["perf/max_memory_allocated_gb"] = peak_memory_gb(self.device)
         metrics["training/global_step"] = float(self.global_step)
         metrics["training/epoch"] = float(self.sampler.epoch)
         return metrics
@@ -465,7 +574,7 @@ class Trainer:
     def _finish(self, before: dict[str, float], after: dict[str, float], t_start: float) -> dict[str, Any]:
         tr = self.cfg.trainer
         model_dir = None
-        if tr.save_final_model and not tr.val_only:
+        if tr.save_final_model and not tr.val_only and not self.stopped:
             model_dir = self.run_dir / "final_model"
             self.model.save_pretrained(model_dir, safe_serialization=True)
             self.tokenizer.save_pretrained(model_dir)
@@ -474,6 +583,7 @@ class Trainer:
             "model_path": self.model_path,
             "final_model": str(model_dir) if model_dir else None,
             "steps": self.global_step,
+            "stopped": self.stopped,
             "total_training_steps": self.total_training_steps,
             "wall_time_s": round(time.time() - t_start, 1),
             "val_acc_before": before.get("val/acc"),

@@ -115,6 +115,7 @@ class Actor:
         self.s = settings
         self.policy_loss_fn = get_policy_loss_fn(settings.loss_mode)
         self.nonfinite_steps = 0
+        self.consecutive_nonfinite = 0
         self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
@@ -190,9 +191,11 @@ class Actor:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
-        else:
+            self.consecutive_nonfinite = 0
+        else:  # skip the step and count it; the trainer stops after several in a row
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1
+            self.consecutive_nonfinite += 1
         out = {**acc, **weighted, "actor/grad_norm": float(grad_norm)}
         out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         return out

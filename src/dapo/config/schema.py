@@ -302,6 +302,8 @@ class TrainerConfig:
     # ours: the seed of every RNG (model init, sampler, rollout) and torch's CPU thread count (0: all cores)
     seed: int = 1
     torch_threads: int = 0
+    # torch.profiler chrome traces of these steps in <run_dir>/profile
+    profile_steps: list[int] | None = None
     # ours: refresh <run_dir>/report.html every N steps and at the last step (0: off)
     report_freq: int = 0
     # ours: also measure held-out accuracy after training and save the final model (summary.json)
