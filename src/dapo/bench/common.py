@@ -29,11 +29,20 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seco
     return best
 
 
-def interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeats: int) -> dict[str, Any]:
+def interleaved(
+    ours: Callable[[], float],
+    baseline: Callable[[], float],
+    repeats: int,
+    probe: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """Run ``ours`` and ``baseline`` alternately (order flipped each round); each returns the
-    work it did (tokens). Returns median tokens/s of each and the median of per-round ratios."""
-    ours_tps, base_tps, ratios = [], [], []
+    work it did (tokens). Returns median tokens/s of each and the median of per-round ratios.
+    ``probe`` (a short matmul-peak measurement) runs before every round; the best value is
+    returned as ``peak``, so the peak is measured under the same load as the runs."""
+    ours_tps, base_tps, ratios, peaks = [], [], [], []
     for i in range(repeats):
+        if probe is not None:
+            peaks.append(probe())
         pair = []
         for which in (0, 1) if i % 2 == 0 else (1, 0):
             fn = ours if which == 0 else baseline
@@ -49,6 +58,7 @@ def interleaved(ours: Callable[[], float], baseline: Callable[[], float], repeat
         "baseline_tokens_per_s": statistics.median(base_tps),
         "speedup": statistics.median(ratios),
         "ratios": ratios,
+        "peak": max(peaks) if peaks else None,
     }
 
 
