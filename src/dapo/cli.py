@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     _register_optional(sub, "dapo.viewer")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     _register_optional(bench, "dapo.sampling.simulate")
+    _register_optional(bench, "dapo.bench.rollout")
+    _register_optional(bench, "dapo.bench.update")
     return parser
 
 

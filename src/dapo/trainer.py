@@ -186,7 +186,11 @@ class Trainer:
         self.tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
         if m.custom_chat_template:
             self.tokenizer.chat_template = m.custom_chat_template
-        self.model = load_model(path, trust_remote_code=m.trust_remote_code)
+        from dapo.actor.precision import resolve_model_dtype
+
+        self.device = torch.device("cuda" if self.cfg.trainer.device == "cuda" else "cpu")
+        dtype = resolve_model_dtype(self.cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, self.device)
+        self.model = load_model(path, dtype=dtype, trust_remote_code=m.trust_remote_code)
         for k, v in (m.override_config or {}).items():
             setattr(self.model.config, k, v)
         if m.enable_gradient_checkpointing:
@@ -390,7 +394,12 @@ class Trainer:
         s = self.settings
         with self.timer("old_log_prob"):
             lp, ent = compute_log_prob(
-                self.model, batch, s.temperature, s.log_prob_micro_batch_size, calculate_entropy=True
+                self.model,
+                batch,
+                s.temperature,
+                s.log_prob_micro_batch_size,
+                calculate_entropy=True,
+                **s.log_prob_kwargs(),
             )
         batch.tensors["old_log_probs"] = lp
         metrics = {
@@ -399,7 +408,9 @@ class Trainer:
         metrics.update(self._rollout_correction(batch))
         if self.ref_model is not None:
             with self.timer("ref"):
-                ref, _ = compute_log_prob(self.ref_model, batch, s.temperature, s.log_prob_micro_batch_size)
+                ref, _ = compute_log_prob(
+                    self.ref_model, batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
+                )
             batch.tensors["ref_log_prob"] = ref
         return metrics
 
