@@ -1,0 +1,153 @@
+"""FSDP2 on 2 gloo ranks (spawned processes) against the single-process actor.
+
+One worker group serves the whole file (starting two processes that import torch costs most of
+the time): same loss and same updated weights as one process on the same global batch, for
+token-mean with shuffled mini-batches over two epochs and for the sequence / sum modes with a
+batch that needs zero-weight padding; the weights reach the rollout model; a checkpoint saved at
+2 ranks resumes at 1 rank with the same next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
+from dapo.algo.policy_loss import PolicyLossConfig
+from dapo.batch import Batch
+from dapo.distributed import DistributedActor, ProcessWorkerGroup
+from dapo.distributed.fsdp_worker import WorkerSpec, load_sharded, worker_factory
+from dapo.model.loader import load_model
+
+LR = 1e-3
+TOL = 1e-5
+
+
+def make_batch(vocab: int, rows: int, seed: int, P: int = 5, R: int = 7) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(2, P + 1, (rows,), generator=g)
+    rlen = torch.randint(1, R + 1, (rows,), generator=g)
+    prompts = torch.zeros((rows, P), dtype=torch.long)
+    responses = torch.zeros((rows, R), dtype=torch.long)
+    pmask = torch.zeros((rows, P), dtype=torch.long)
+    rmask = torch.zeros((rows, R), dtype=torch.long)
+    for i in range(rows):
+        prompts[i, P - plen[i] :] = torch.randint(7, vocab, (int(plen[i]),), generator=g)
+        pmask[i, P - plen[i] :] = 1
+        responses[i, : rlen[i]] = torch.randint(7, vocab, (int(rlen[i]),), generator=g)
+        rmask[i, : rlen[i]] = 1
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.cat([pmask, rmask], 1),
+            "response_mask": rmask,
+            "old_log_probs": -torch.rand((rows, R), generator=g) * 3 * rmask,
+            "advantages": torch.randn((rows, 1), generator=g).expand(rows, R) * rmask,
+        },
+        non_tensors={"uid": [str(i // 2) for i in range(rows)]},
+    )
+
+
+def settings(mode: str = "token-mean", **kw) -> ActorSettings:
+    base = ActorSettings(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size=2,
+        ppo_epochs=2,
+        shuffle=True,
+        data_loader_seed=3,
+        grad_clip=1.0,
+        temperature=0.7,
+        loss_agg_mode=mode,
+        loss_scale_factor=None,
+        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+        loss_mode="vanilla",
+        entropy_coeff=0.0,
+        calculate_entropy=False,
+        use_kl_loss=False,
+        kl_loss_coef=0.0,
+        kl_loss_type="low_var_kl",
+        log_prob_micro_batch_size=3,
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    pa = dict(a.named_parameters())
+    return max(float((pa[k].detach() - v.detach()).abs().max()) for k, v in b.named_parameters())
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_random_model_dir):
+    torch.set_num_threads(1)
+    s = settings()
+    spec = WorkerSpec(model_path=str(tiny_random_model_dir), settings=s, lr=LR, weight_decay=0.01)
+    group = ProcessWorkerGroup(worker_factory(spec), 2)
+    actor = DistributedActor(group, s, rollout_model=load_model(tiny_random_model_dir), balance=True)
+    try:
+        yield actor
+    finally:
+        actor.shutdown()
+
+
+def one_rank(model_dir, s: ActorSettings, ckpt: str | None = None) -> Actor:
+    model = load_model(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    if ckpt is not None:
+        load_sharded(model, opt, ckpt)
+    return Actor(model, opt, s)
+
+
+def test_two_ranks_equal_one_rank_then_resume_at_one(two_ranks, tiny_random_model_dir, tmp_path):
+    info = two_ranks.info()
+    assert [i["backend"] for i in info] == ["gloo", "gloo"] and info[0]["mesh"] == (2,)
+    vocab = two_ranks.rollout_model.config.vocab_size
+    batch = make_batch(vocab, rows=8, seed=0)
+    ref = one_rank(tiny_random_model_dir, two_ranks.s)
+    m1 = ref.update_policy(batch)
+    m2 = two_ranks.update_policy(batch)  # 2 epochs x 2 shuffled mini-batches = 4 optimizer steps
+    assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL
+    assert abs(m1["actor/grad_norm"] - m2["actor/grad_norm"]) < TOL
+    assert abs(m1["actor/pg_clipfrac"] - m2["actor/pg_clipfrac"]) < TOL
+    # the rollout model received the trained weights (and they moved)
+    assert max_diff(ref.model, two_ranks.rollout_model) < TOL
+    assert max_diff(load_model(tiny_random_model_dir), two_ranks.rollout_model) > 100 * TOL
+    assert m2["perf/weight_sync_mb"] > 0
+    # balanced partition metrics are reported
+    assert m2["global_seqlen/balanced_max"] <= m2["global_seqlen/max"]
+
+    # old log-probs sharded over ranks (balanced), back in batch order
+    lp1, ent1 = compute_log_prob(ref.model, batch, 0.7, 3, calculate_entropy=True)
+    lp2, ent2 = two_ranks.compute_log_prob(batch, 0.7, 3, calculate_entropy=True)
+    mask = batch.tensors["response_mask"].bool()
+    assert float((lp1 - lp2)[mask].abs().max()) < TOL
+    assert float((ent1 - ent2)[mask].abs().max()) < TOL
+
+    # checkpoint at 2 ranks, one more step there; resume the checkpoint at 1 rank, same step
+    ckpt = str(tmp_path / "dcp")
+    two_ranks.save_sharded(ckpt)
+    batch2 = make_batch(vocab, rows=8, seed=1)
+    m2b = two_ranks.update_policy(batch2)
+    resumed = one_rank(tiny_random_model_dir, two_ranks.s, ckpt=ckpt)
+    assert max_diff(resumed.model, ref.model) < TOL  # weights as saved
+    m1b = resumed.update_policy(batch2)  # needs the optimizer moments too
+    assert abs(m1b["actor/pg_loss"] - m2b["actor/pg_loss"]) < TOL
+    assert max_diff(resumed.model, two_ranks.rollout_model) < TOL
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-sum"])
+def test_other_modes_with_padding_rows(two_ranks, tiny_random_model_dir, tmp_path, mode):
+    """7 rows in mini-batches of 4 and 3: the 3-row one gets a zero-weight row on one rank."""
+    s = settings(mode, ppo_epochs=1, shuffle=False, grad_clip=1e9)
+    two_ranks.configure(s)
+    ckpt = str(tmp_path / "start")
+    two_ranks.save_sharded(ckpt)  # both sides start from the same weights and optimizer state
+    ref = one_rank(tiny_random_model_dir, s, ckpt=ckpt)
+    batch = make_batch(two_ranks.rollout_model.config.vocab_size, rows=7, seed=2)
+    m1 = ref.update_policy(batch)
+    m2 = two_ranks.update_policy(batch)
+    assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL * max(1.0, abs(m1["actor/pg_loss"]))
+    assert max_diff(ref.model, two_ranks.rollout_model) < TOL
