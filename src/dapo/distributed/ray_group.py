@@ -11,6 +11,7 @@ torch.distributed.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +24,10 @@ _MAX_TEMP_DIR_LEN = 40
 
 
 def ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether ray is installed (without importing it: see ``init_local_ray``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
 
 
 def _require_ray():
@@ -71,9 +71,16 @@ def init_local_ray(
     num_gpus: int | None = None,
 ) -> dict[str, Any]:
     """Start (or reuse) a single-machine Ray; returns {'temp_dir', 'startup_s'}."""
-    ray = _require_ray()
+    imported_before = "ray" in sys.modules
     for k, v in local_ray_env().items():
         os.environ.setdefault(k, v)
+    ray = _require_ray()
+    if imported_before and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
+        # Ray reads this switch when it is imported; set too late, it would turn 127.0.0.1 into
+        # the machine's external address (services.resolve_ip_for_localhost)
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         return {"temp_dir": None, "startup_s": 0.0}
     temp = ray_temp_dir(run_dir)
@@ -90,6 +97,18 @@ def init_local_ray(
         configure_logging=False,
     )
     return {"temp_dir": str(temp), "startup_s": time.perf_counter() - t0}
+
+
+def shutdown_local_ray(started: dict[str, Any] | None = None) -> None:
+    """Stop the local Ray; remove the short temp directory ``ray_temp_dir`` made for a long run
+    directory path (a ``<run_dir>/ray`` directory itself is kept with the run)."""
+    import shutil
+
+    ray = _require_ray()
+    ray.shutdown()
+    temp = (started or {}).get("temp_dir")
+    if temp and Path(temp).name.startswith("dapo-ray-") and Path(temp).parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 class _RayHost:

@@ -1,0 +1,185 @@
+"""Splitting batches across ranks, without processes: balanced equal-size partitions,
+divisibility after dynamic-sampling filtering (zero-weight padding or trimming whole groups),
+mini-batch plans equal to the single-process actor's, metric combination, and a 1-rank FSDP
+worker in this process equal to the plain actor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo.actor.dp_actor import Actor
+from dapo.actor.seqlen_balancing import workload
+from dapo.batch import Batch
+from dapo.distributed import (
+    DistributedActor,
+    InProcessWorkerGroup,
+    LocalActor,
+    balance_metrics,
+    combine_metrics,
+    make_divisible,
+    minibatch_plan,
+    pad_to_multiple,
+    rank_partitions,
+    trim_to_multiple,
+)
+from dapo.distributed.partition import PAD_KEY
+from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank
+from test_distributed_fsdp import settings as actor_settings
+
+
+def test_balanced_partition_hand_example():
+    # lengths 10, 1, 9, 2, 8, 3 into 2 ranks of 3 rows: contiguous halves hold 20 vs 13 tokens;
+    # the best 3+3 split is 15 vs 18 ({10, 2, 3} and {1, 9, 8}; a spread of 3 is the minimum)
+    lengths = [10, 1, 9, 2, 8, 3]
+    parts = rank_partitions(lengths, 2, balance=True)
+    assert sorted(i for p in parts for i in p) == list(range(6))
+    assert [len(p) for p in parts] == [3, 3]
+    sums = sorted(sum(lengths[i] for i in p) for p in parts)
+    assert sums == [15, 18]
+    contiguous = rank_partitions(lengths, 2, balance=False)
+    assert contiguous == [[0, 1, 2], [3, 4, 5]]
+    m = balance_metrics(lengths, contiguous, parts)
+    assert m["global_seqlen/minmax_diff"] == 7 and m["global_seqlen/balanced_max"] == 18
+    assert m["global_seqlen/mean"] == 16.5
+    # small rows at both ends of each part (verl's arrangement)
+    for p in parts:
+        w = [lengths[i] for i in p]
+        assert w[0] < max(w) and w[-1] < max(w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 4000), min_size=2, max_size=48), st.integers(2, 8))
+def test_balanced_partitions_are_equal_size_and_no_worse_than_chunks(lengths, k):
+    lengths = lengths[: len(lengths) - len(lengths) % k] or lengths[:k]
+    if len(lengths) < k:
+        return
+    parts = rank_partitions(lengths, k, balance=True)
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    assert {len(p) for p in parts} == {len(lengths) // k}
+    w = [workload(x) for x in lengths]
+
+    def spread(ps):
+        s = [sum(w[i] for i in p) for p in ps]
+        return max(s) - min(s)
+
+    # KK's spread is at most the heaviest row's workload (and no worse than contiguous chunks in practice)
+    assert spread(parts) <= max(w)
+
+
+def test_rank_partitions_need_divisible_rows():
+    with pytest.raises(ValueError, match="do not split evenly"):
+        rank_partitions([1, 2, 3], 2, balance=False)
+
+
+def _filtered_batch(vocab: int = 40) -> Batch:
+    """What the dynamic sampler hands over after filtering: 3 groups of n=3 (9 rows)."""
+    b = make_batch(vocab, rows=9, seed=5)
+    b["uid"] = [f"g{i // 3}" for i in range(9)]
+    return b
+
+
+def test_divisible_after_filtering_pad_and_trim():
+    b = _filtered_batch()
+    logs: list[str] = []
+    padded = make_divisible(b, 4, "pad", log=logs.append)
+    assert len(padded) == 12 and "3 zero-weight" in logs[-1]
+    pad = np.asarray(padded[PAD_KEY], dtype=bool)
+    assert pad.sum() == 3 and not pad[:9].any()
+    assert float(padded.tensors["response_mask"][pad].sum()) == 0.0
+    assert float(padded.tensors["advantages"][pad].abs().sum()) == 0.0
+    # real rows untouched, in place
+    assert torch.equal(padded.tensors["input_ids"][:9], b.tensors["input_ids"])
+    trimmed = make_divisible(b, 2, "trim", log=logs.append)
+    # 9 rows of groups of 3: dropping one whole group leaves 6
+    assert len(trimmed) == 6 and set(trimmed["uid"]) == {"g0", "g1"} and "1 whole group" in logs[-1]
+    assert make_divisible(b, 3, "pad", log=logs.append) is b
+    with pytest.raises(ValueError, match="no set of whole groups"):
+        trim_to_multiple(_filtered_batch().select([0, 1, 2]), 2)
+
+
+def test_zero_weight_rows_do_not_change_the_update(tiny_random_model_dir):
+    """1 rank: the padded batch gives the same loss and weights as the filtered batch itself."""
+    torch.set_num_threads(1)
+    s = actor_settings(ppo_mini_batch_size=16, ppo_epochs=1, shuffle=False)
+    b = _filtered_batch(vocab=40)
+    padded, added = pad_to_multiple(b, 4)
+    assert added == 3
+    a = one_rank(tiny_random_model_dir, s)
+    c = one_rank(tiny_random_model_dir, s)
+    ma, mc = a.update_policy(b), c.update_policy(padded)
+    assert abs(ma["actor/pg_loss"] - mc["actor/pg_loss"]) < TOL
+    assert max_diff(a.model, c.model) < TOL
+
+
+def test_minibatch_plan_matches_the_actor():
+    plan = minibatch_plan(10, 4, ppo_epochs=2, shuffle=True, seed=7)
+    rng = np.random.default_rng(7)
+    expect = []
+    for _ in range(2):
+        order = rng.permutation(10)
+        expect += [order[0:4], order[4:8], order[8:10]]
+    assert [p.tolist() for p in plan] == [e.tolist() for e in expect]
+    assert [p.tolist() for p in minibatch_plan(5, 2, 1, False, 0)] == [[0, 1], [2, 3], [4]]
+
+
+def test_combine_metrics_hand_computed():
+    r0 = [
+        {
+            "actor/pg_loss": 1.0,
+            "actor/pg_clipfrac": 0.5,
+            "actor/grad_norm": 3.0,
+            "_w_loss": 0.25,
+            "_w_tok": 0.25,
+        }
+    ]
+    r1 = [
+        {
+            "actor/pg_loss": 2.0,
+            "actor/pg_clipfrac": 0.1,
+            "actor/grad_norm": 3.0,
+            "_w_loss": 0.75,
+            "_w_tok": 0.75,
+        }
+    ]
+    m = combine_metrics([r0, r1])
+    assert m == pytest.approx({"actor/pg_loss": 1.75, "actor/pg_clipfrac": 0.2, "actor/grad_norm": 3.0})
+
+
+def test_in_process_fsdp_worker_equals_plain_actor(tiny_random_model_dir):
+    """World size 1 in this process: FSDP2 (gloo, 1 rank) through the worker group and the
+    plain actor behind LocalActor agree on log-probs and on the update."""
+    from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
+
+    torch.set_num_threads(1)
+    s = actor_settings(ppo_epochs=1)
+    b = make_batch(40, rows=6, seed=3)
+    local = LocalActor(one_rank(tiny_random_model_dir, s))
+    spec = WorkerSpec(model_path=str(tiny_random_model_dir), settings=s, lr=1e-3, weight_decay=0.01)
+    group = InProcessWorkerGroup(worker_factory(spec))
+    try:
+        dist_actor = DistributedActor(group, s, rollout_model=one_rank(tiny_random_model_dir, s).model)
+        lp_a, _ = local.compute_log_prob(b, 0.7, 4)
+        lp_b, _ = dist_actor.compute_log_prob(b, 0.7, 4)
+        mask = b.tensors["response_mask"].bool()
+        assert float((lp_a - lp_b)[mask].abs().max()) < TOL
+        ma, mb = local.update_policy(b), dist_actor.update_policy(b)
+        assert abs(ma["actor/pg_loss"] - mb["actor/pg_loss"]) < TOL
+        assert max_diff(local.actor.model, dist_actor.rollout_model) < TOL
+        assert dist_actor.nonfinite_steps == 0 and local.nonfinite_steps == 0
+    finally:
+        group.shutdown()
+
+
+def test_local_actor_is_the_plain_actor(tiny_random_model_dir):
+    s = actor_settings(ppo_epochs=1)
+    a = one_rank(tiny_random_model_dir, s)
+    la = LocalActor(a)
+    assert isinstance(la.actor, Actor) and la.world_size == 1
+    la.nonfinite_steps = 2
+    assert a.nonfinite_steps == 2
+    with pytest.raises(ValueError, match="no reference model"):
+        la.compute_ref_log_prob(make_batch(40, rows=2, seed=0), 1.0, 2)
