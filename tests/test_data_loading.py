@@ -66,9 +66,9 @@ def test_chat_template_applied(tmp_path, char_tokenizer):
 
 
 def test_builtin_task_schema_and_split(tmp_path):
-    train, test = write_task(tmp_path, train_size=200, test_size=50)
+    train, test = write_task(tmp_path, train_size=200, test_size=60)
     tr, te = read_rows(train), read_rows(test)
-    assert len(tr) == 200 and len(te) == 50
+    assert len(tr) == 200 and len(te) == 60  # 15% easy, 70% medium, 15% hard
     assert {r["extra_info"]["tier"] for r in tr} == {"easy", "medium", "hard"}
     assert not ({r["prompt"][0]["content"] for r in tr} & {r["prompt"][0]["content"] for r in te})
     a, b = split_problems(0)

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="data utilities").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("arithmetic", help="write the built-in arithmetic task as verl parquet")
     p.add_argument("--output", required=True)
-    p.add_argument("--train-size", type=int, default=4000)
+    p.add_argument("--train-size", type=int, default=1200)
     p.add_argument("--test-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data_arithmetic)

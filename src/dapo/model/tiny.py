@@ -1,11 +1,13 @@
 """The built-in default model: a tiny Qwen2 with a character tokenizer, warm-started on the task.
 
 Built on first use and cached under ``$DAPO_CACHE`` (default ``~/.cache/dapo``) in
-``models/<name>/``, then reused. The warm start is a short supervised pass on the
-built-in arithmetic task whose targets are right only part of the time (a near miss
-otherwise), so that the model knows the ``Answer: X`` format and puts a spread of
-probability over candidate answers, as a pretrained model does. RL then has to find the
-right answers from the reward alone.
+``models/tiny-arith-<fingerprint>/`` (the fingerprint hashes the recipe below, so a changed
+recipe rebuilds), then reused. The warm start is a short supervised pass on the built-in
+arithmetic task: the algorithm is learnt from clean targets first, then the targets become
+noisy (right only part of the time, a near miss otherwise), and throughout only
+``FORMAT_RATE`` of them use the graded ``Answer: X`` form. The model so starts like a
+pretrained one: it knows roughly how to answer, spreads probability over candidate answers
+and formats, and RL has to find the right answers and the right format from the reward alone.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ TINY_NAME = "tiny-arith"
 # Probability that a warm-start target is the right answer, by tier. Hard products are
 # never shown right, so the model starts (and usually stays) unable to do them.
 TARGET_ACCURACY = {"easy": 0.95, "medium": 0.5, "hard": 0.0}
+# Share of warm-start targets in the graded "Answer: X" form; the rest use other forms that
+# math_dapo scores as wrong, so RL must also learn the format.
+FORMAT_RATE = 0.4
+OTHER_FORMATS = ("The answer is {}.", "{}", "Result: {}")
 SFT_STEPS = 800
 CLEAN_FRACTION = 0.7
-SFT_LR = 5e-3
+SFT_LR = 3e-3
 SFT_BATCH = 128
 
 
@@ -79,8 +85,12 @@ def near_miss(answer: int, rng: random.Random) -> int:
 
 
 def warm_start_target(p: Problem, rng: random.Random, clean: bool = False) -> str:
+    """A supervised target: the answer (right or a near miss), in the graded format or not."""
     right = rng.random() < (1.0 if clean and p.tier != "hard" else TARGET_ACCURACY[p.tier])
-    return f"Answer: {p.answer if right else near_miss(p.answer, rng)}"
+    value = p.answer if right else near_miss(p.answer, rng)
+    if rng.random() < FORMAT_RATE:
+        return f"Answer: {value}"
+    return rng.choice(OTHER_FORMATS).format(value)
 
 
 def recipe_fingerprint() -> str:
@@ -92,7 +102,7 @@ def recipe_fingerprint() -> str:
     recipe = json.dumps(
         {
             "config": tiny_config(128, 0, 2).to_dict(),
-            "sft": [SFT_STEPS, SFT_BATCH, SFT_LR, CLEAN_FRACTION, TARGET_ACCURACY],
+            "sft": [SFT_STEPS, SFT_BATCH, SFT_LR, CLEAN_FRACTION, TARGET_ACCURACY, FORMAT_RATE, OTHER_FORMATS],
             "task": [builtin.TIER_WEIGHTS, Problem(12, "+", 3, "medium").question],
         },
         sort_keys=True,
