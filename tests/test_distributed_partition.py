@@ -183,3 +183,31 @@ def test_local_actor_is_the_plain_actor(tiny_random_model_dir):
     assert a.nonfinite_steps == 2
     with pytest.raises(ValueError, match="no reference model"):
         la.compute_ref_log_prob(make_batch(40, rows=2, seed=0), 1.0, 2)
+
+
+def test_builder_world_one_is_the_local_actor_and_sizes_per_rank(tiny_random_model_dir):
+    from dapo.actor.dp_actor import actor_settings_from_config
+    from dapo.config.load import load_config
+    from dapo.distributed.builder import build_actor, per_rank_settings
+
+    cfg = load_config(
+        [
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size=6",
+            "actor_rollout_ref.rollout.n=3",
+        ]
+    )
+    s = actor_settings_from_config(cfg)
+    a = one_rank(tiny_random_model_dir, s)
+    built = build_actor(cfg, model_path=str(tiny_random_model_dir), settings=s, actor=a)
+    assert isinstance(built, LocalActor) and built.actor is a
+    logs: list[str] = []
+    per = per_rank_settings(cfg, s, 5, log=logs.append)  # VERL_SPEC 5.1: global micro sizes / DP
+    assert (per.ppo_micro_batch_size, per.log_prob_micro_batch_size) == (1, 1)
+    assert per.ppo_mini_batch_size == 12 and "does not divide by 5" in logs[0]
+    per2 = per_rank_settings(cfg, s, 2, log=logs.append)
+    assert (per2.ppo_micro_batch_size, per2.log_prob_micro_batch_size) == (4, 3) and len(logs) == 1
+    with pytest.raises(ValueError, match="worker_backend"):
+        build_actor(cfg, model_path="x", settings=s, actor=a, backend="mpi")

@@ -112,6 +112,10 @@ class FSDPActorWorker:
         cuda = spec.device == "cuda"
         if master_addr in ("127.0.0.1", "localhost") and not cuda:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if (
+            cuda and torch.cuda.device_count() > 1
+        ):  # local processes share the node's GPUs; Ray gives one each
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         backend = spec.backend or ("nccl" if cuda else "gloo")
         self.notes: list[str] = []
