@@ -151,3 +151,38 @@ def test_other_modes_with_padding_rows(two_ranks, tiny_random_model_dir, tmp_pat
     m2 = two_ranks.update_policy(batch)
     assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL * max(1.0, abs(m1["actor/pg_loss"]))
     assert max_diff(ref.model, two_ranks.rollout_model) < TOL
+
+
+def _fresh_group_matches_one_rank(model_dir, spec_kw: dict, device: str = "cpu") -> dict:
+    s = settings(ppo_epochs=1)
+    spec = WorkerSpec(
+        model_path=str(model_dir), settings=s, lr=LR, weight_decay=0.01, device=device, **spec_kw
+    )
+    actor = DistributedActor(
+        ProcessWorkerGroup(worker_factory(spec), 2), s, rollout_model=load_model(model_dir)
+    )
+    try:
+        batch = make_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
+        ref = one_rank(model_dir, s)
+        m1, m2 = ref.update_policy(batch), actor.update_policy(batch)
+        assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL
+        assert max_diff(ref.model, actor.rollout_model) < TOL
+        return actor.info()[0]
+    finally:
+        actor.shutdown()
+
+
+@pytest.mark.slow
+def test_hsdp_replicate_by_shard_mesh(tiny_random_model_dir):
+    """fsdp_config.fsdp_size=1 on 2 ranks: a (replicate 2, shard 1) HSDP mesh, same update."""
+    info = _fresh_group_matches_one_rank(tiny_random_model_dir, {"fsdp_size": 1})
+    assert info["mesh"] == (2, 1)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="nccl FSDP needs 2 CUDA GPUs (none on this CPU machine; not claimed)",
+)
+def test_nccl_two_gpus_equal_one_rank(tiny_random_model_dir):
+    info = _fresh_group_matches_one_rank(tiny_random_model_dir, {"param_offload": True}, device="cuda")
+    assert info["backend"] == "nccl"
