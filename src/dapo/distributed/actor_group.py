@@ -112,6 +112,7 @@ class DistributedActor:
         self._consecutive = 0
         self._warned: set[str] = set()
         self.last_sync: dict[str, float] = {}
+        self.on_shutdown: list[Callable[[], None]] = []  # e.g. stopping a private local Ray
 
     def configure(self, settings: ActorSettings) -> None:
         """New actor settings (loss mode, micro-batch sizes, ...) on the driver and every rank."""
@@ -247,6 +248,8 @@ class DistributedActor:
 
     def shutdown(self) -> None:
         self.group.shutdown()
+        while self.on_shutdown:
+            self.on_shutdown.pop()()
 
 
 def combine_metrics(results: list[list[dict[str, float]]]) -> dict[str, float]:

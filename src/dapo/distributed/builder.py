@@ -110,6 +110,7 @@ def build_actor(
     factory = worker_factory(worker_spec(cfg, model_path, s, use_ref))
     nnodes = int(cfg.trainer.nnodes)
     cuda = str(cfg.trainer.device) == "cuda"
+    started = None
     if backend == "ray" or (backend == "auto" and nnodes > 1):
         from dapo.distributed import ray_group
 
@@ -137,7 +138,7 @@ def build_actor(
             )
         group = ProcessWorkerGroup(factory, dp)
     log(f"distributed: {dp} FSDP rank(s) via {type(group).__name__}, ready in {group.startup_s:.1f} s")
-    return DistributedActor(
+    out = DistributedActor(
         group,
         s,
         lr_source=lr_source,
@@ -145,3 +146,6 @@ def build_actor(
         balance=bool(cfg.trainer.balance_batch),
         log=log,
     )
+    if started is not None:
+        out.on_shutdown.append(lambda: ray_group.shutdown_local_ray(started))
+    return out
