@@ -146,6 +146,8 @@ def build_actor(
         balance=bool(cfg.trainer.balance_batch),
         log=log,
     )
+    for note in out.info()[0]["notes"]:
+        log(f"distributed: {note}")
     if started is not None:
         out.on_shutdown.append(lambda: ray_group.shutdown_local_ray(started))
     return out

@@ -167,8 +167,22 @@ class FSDPActorWorker:
         """(Re)build the single-process actor on this rank's model and optimizer. It sees one
         mini-batch per call (the driver plans epochs and mini-batches) and the padded forward."""
         counters = getattr(self, "actor", None)
+        dyn = settings.use_dynamic_bsz
+        if dyn and self.world > 1:
+            # every FSDP forward/backward is a collective: all ranks must run the same number of
+            # micro-batches (verl all-reduces k with MAX); the actor takes no minimum count yet
+            self.notes.append(
+                "use_dynamic_bsz needs equal micro-batch counts on every rank; using ppo_micro_batch_size"
+            )
+            dyn = False
         self.settings = dataclasses.replace(
-            settings, ppo_epochs=1, shuffle=False, ppo_mini_batch_size=1 << 62, use_remove_padding=False
+            settings,
+            ppo_epochs=1,
+            shuffle=False,
+            ppo_mini_batch_size=1 << 62,
+            use_remove_padding=False,
+            use_dynamic_bsz=dyn,
+            log_prob_use_dynamic_bsz=False,
         )
         self.actor = Actor(self.model, self.optimizer, self.settings)
         if counters is not None:
