@@ -15,13 +15,24 @@ def user_data(tmp_path_factory):
 
 def _train(tmp_path, model_dir, train, test, *extra):
     run_dir = tmp_path / "run"
-    rc = main([
-        "train", f"data.train_files={train}", f"data.val_files={test}", f"actor_rollout_ref.model.path={model_dir}",
-        f"trainer.default_local_dir={run_dir}", "trainer.total_training_steps=2", "trainer.torch_threads=1",
-        "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.val_kwargs.n=2", *extra,
-    ])
+    rc = main(
+        [
+            "train",
+            f"data.train_files={train}",
+            f"data.val_files={test}",
+            f"actor_rollout_ref.model.path={model_dir}",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.total_training_steps=2",
+            "trainer.torch_threads=1",
+            "data.train_batch_size=4",
+            "data.gen_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.val_kwargs.n=2",
+            *extra,
+        ]
+    )
     return rc, run_dir
 
 
@@ -33,12 +44,25 @@ def test_train_on_user_parquet_and_model_dir(tmp_path, tiny_random_model_dir, us
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2]
-    for key in ("train/num_gen_batches", "critic/score/mean", "response_length/mean", "actor/pg_loss",
-                "actor/pg_clipfrac", "actor/entropy", "timing_s/gen", "timing_s/step", "actor/grad_norm"):
+    for key in (
+        "train/num_gen_batches",
+        "critic/score/mean",
+        "response_length/mean",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/entropy",
+        "timing_s/gen",
+        "timing_s/step",
+        "actor/grad_norm",
+    ):
         assert key in rows[1], key
     assert "val-core/arithmetic/acc/mean@2" in rows[0] and "val-core/arithmetic/acc/mean@2" in rows[2]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["val_acc_before"] is not None and summary["val_acc_after"] is not None
+    assert (
+        summary["steps"] == 2
+        and summary["val_acc_before"] is not None
+        and summary["val_acc_after"] is not None
+    )
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -47,10 +71,18 @@ def test_train_on_user_parquet_and_model_dir(tmp_path, tiny_random_model_dir, us
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
-def test_dynamic_sampling_exhaustion_is_logged_not_fatal(tmp_path, tiny_random_model_dir, user_data, capsys, caplog):
+def test_dynamic_sampling_exhaustion_is_logged_not_fatal(
+    tmp_path, tiny_random_model_dir, user_data, capsys, caplog
+):
     train, test = user_data
-    rc, run_dir = _train(tmp_path, tiny_random_model_dir, train, test,
-                         "algorithm.filter_groups.max_num_gen_batches=2", "trainer.val_before_train=false")
+    rc, run_dir = _train(
+        tmp_path,
+        tiny_random_model_dir,
+        train,
+        test,
+        "algorithm.filter_groups.max_num_gen_batches=2",
+        "trainer.val_before_train=false",
+    )
     assert rc == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["train/num_gen_batches"] == 2
@@ -59,8 +91,14 @@ def test_dynamic_sampling_exhaustion_is_logged_not_fatal(tmp_path, tiny_random_m
 
 
 def test_missing_data_file_stops_before_training(tmp_path, tiny_random_model_dir, capsys):
-    rc = main(["train", f"data.train_files={tmp_path}/missing.parquet", f"actor_rollout_ref.model.path={tiny_random_model_dir}",
-               f"trainer.default_local_dir={tmp_path}/run"])
+    rc = main(
+        [
+            "train",
+            f"data.train_files={tmp_path}/missing.parquet",
+            f"actor_rollout_ref.model.path={tiny_random_model_dir}",
+            f"trainer.default_local_dir={tmp_path}/run",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "missing.parquet does not exist" in err and "data.train_files" in err
@@ -68,6 +106,65 @@ def test_missing_data_file_stops_before_training(tmp_path, tiny_random_model_dir
 
 
 def test_bad_model_dir_is_named(tmp_path, capsys):
-    rc = main(["train", f"actor_rollout_ref.model.path={tmp_path}/nomodel", f"trainer.default_local_dir={tmp_path}/run"])
+    rc = main(
+        [
+            "train",
+            f"actor_rollout_ref.model.path={tmp_path}/nomodel",
+            f"trainer.default_local_dir={tmp_path}/run",
+        ]
+    )
     assert rc == 2
     assert "actor_rollout_ref.model.path" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_two_worker_run_checkpoints_and_resumes_in_process(
+    tmp_path, tiny_random_model_dir, user_data, backend
+):
+    """`dapo train` with 2 actor ranks (spawned processes or local Ray), then resumed on 1 rank."""
+    if backend == "ray":
+        pytest.importorskip(
+            "ray", reason="the Ray backend needs the 'scale' extra (pip install 'dapo[scale]')"
+        )
+    train, test = user_data
+    common = [
+        "algorithm.filter_groups.enable=false",
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ]
+    rc, run_dir = _train(
+        tmp_path,
+        tiny_random_model_dir,
+        train,
+        test,
+        *common,
+        "trainer.n_gpus_per_node=2",
+        f"trainer.worker_backend={backend}",
+        "trainer.save_freq=2",
+    )
+    assert rc == 0
+    assert (run_dir / "global_step_2" / "actor" / "dcp").is_dir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and "actor/pg_loss" in rows[0]
+    # the sharded checkpoint resumes at world size 1 and trains on
+    rc = main(
+        [
+            "train",
+            f"data.train_files={train}",
+            f"data.val_files={test}",
+            f"actor_rollout_ref.model.path={tiny_random_model_dir}",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.total_training_steps=3",
+            "trainer.torch_threads=1",
+            "data.train_batch_size=4",
+            "data.gen_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.val_kwargs.n=2",
+            *common,
+        ]
+    )
+    assert rc == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]

@@ -139,13 +139,15 @@ def save_checkpoint(
     trainer_state: Mapping[str, Any] | None = None,
     max_to_keep: int | None = None,
     fsync: bool = True,
+    extra_writer: Any = None,
 ) -> Path:
     """Write ``<run_dir>/global_step_<step>/`` atomically, then ``latest_checkpointed_iteration.txt``.
 
     ``trainer_state`` must be JSON-able except for ``torch.Generator`` values (at any depth),
     whose states go to ``rng_state.pt`` and come back as generators from :func:`load_checkpoint`.
     ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep only the newest that many complete
-    checkpoints; None or <= 0 keeps all. Returns the checkpoint directory.
+    checkpoints; None or <= 0 keeps all. ``extra_writer(tmp_dir)`` writes more files (sharded
+    worker state) into the checkpoint before its manifest. Returns the checkpoint directory.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +173,8 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(
             json.dumps({"global_step": int(step), **state_json}, default=_json_default)
         )
+        if extra_writer is not None:
+            extra_writer(tmp)
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = {"format": FORMAT_VERSION, "step": int(step), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))

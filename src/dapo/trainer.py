@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dapo.actor.dp_actor import Actor, actor_settings_from_config, compute_log_prob
+from dapo.actor.dp_actor import Actor, actor_settings_from_config
 from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.algo.agg import agg_loss
 from dapo.algo.kl import apply_kl_penalty, get_kl_controller
@@ -36,6 +36,7 @@ from dapo.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkp
 from dapo.config.load import ConfigError
 from dapo.config.validate import validate
 from dapo.data.dataset import PromptSampler, load_prompts
+from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.dumps import dump_batch
 from dapo.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.profiling import estimate_mfu, peak_memory_gb, profile_step
@@ -149,7 +150,12 @@ class Trainer:
             scheduler=self.scheduler,
             trainer_state=self._trainer_state(),
             max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep,
+            extra_writer=self._save_sharded if self.actor.world_size > 1 else None,
         )
+
+    def _save_sharded(self, ckpt_dir: Path) -> None:
+        """Worker ranks' model and optimizer shards (torch.distributed.checkpoint, any world size)."""
+        self.actor.save_sharded(str(ckpt_dir / "actor" / "dcp"))
 
     def _resume(self) -> None:
         """Continue from the latest complete checkpoint (trainer.resume_mode), exactly."""
@@ -165,6 +171,14 @@ class Trainer:
             generators={"rollout_generator": self.rollout.generator},
         )
         self.global_step = int(st["global_step"])
+        dcp_dir = path / "actor" / "dcp"
+        if dcp_dir.exists():  # saved by worker ranks; loads at any world size
+            if self.actor.world_size > 1:
+                self.actor.load_sharded(str(dcp_dir))
+            else:
+                from dapo.distributed.fsdp_worker import load_sharded
+
+                load_sharded(self.model, self.optimizer, str(dcp_dir))
         self.sampler.load_state_dict(st["sampler"])
         self.batcher.load_state_dict(st["batcher"])
         if self.kl_ctrl is not None and st.get("kl_coef") is not None:
@@ -284,9 +298,27 @@ class Trainer:
             self.optimizer,
             lr_lambda(o.lr_scheduler_type, warmup, self.total_training_steps, o.min_lr_ratio, o.num_cycles),
         )
-        self.actor = Actor(self.model, self.optimizer, self.settings)
         self.use_ref = bool(a.use_kl_loss or alg.use_kl_in_reward)
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.use_ref else None
+        distributed = dp_world_size(cfg) > 1
+        # the reference policy is the frozen initial weights; it costs nothing when no KL is used
+        self.ref_model = (
+            copy.deepcopy(self.model).eval().requires_grad_(False)
+            if self.use_ref and not distributed
+            else None
+        )
+        # one interface whether the actor runs here or on a worker group (processes or Ray)
+        self.actor = build_actor(
+            cfg,
+            model_path=self.model_path,
+            settings=self.settings,
+            actor=Actor(self.model, self.optimizer, self.settings),
+            ref_model=self.ref_model,
+            use_ref=self.use_ref,
+            lr_source=self.optimizer,
+            rollout_model=self.model,
+            run_dir=self.run_dir,
+            log=self.print,
+        )
         self.kl_ctrl = (
             get_kl_controller(
                 alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon
@@ -393,8 +425,7 @@ class Trainer:
     def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
         s = self.settings
         with self.timer("old_log_prob"):
-            lp, ent = compute_log_prob(
-                self.model,
+            lp, ent = self.actor.compute_log_prob(
                 batch,
                 s.temperature,
                 s.log_prob_micro_batch_size,
@@ -406,10 +437,10 @@ class Trainer:
             "actor/entropy": float(agg_loss(ent, batch.tensors["response_mask"].float(), s.loss_agg_mode))
         }
         metrics.update(self._rollout_correction(batch))
-        if self.ref_model is not None:
+        if self.use_ref:
             with self.timer("ref"):
-                ref, _ = compute_log_prob(
-                    self.ref_model, batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
+                ref, _ = self.actor.compute_ref_log_prob(
+                    batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
                 )
             batch.tensors["ref_log_prob"] = ref
         return metrics
@@ -605,6 +636,7 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         for t in self.trackers:
             t.close()
+        self.actor.shutdown()
         self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
         return summary
 

@@ -297,6 +297,9 @@ class TrainerConfig:
     balance_batch: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
+    # ours: where actor ranks run when nnodes x n_gpus_per_node > 1: auto (processes on one node,
+    # Ray across nodes) | inprocess | process | ray
+    worker_backend: str = "auto"
     # verl's default is cuda; dapo runs on CPU unless told otherwise
     device: str = "cpu"
     # ours: the seed of every RNG (model init, sampler, rollout) and torch's CPU thread count (0: all cores)

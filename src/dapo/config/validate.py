@@ -205,8 +205,14 @@ def validate(cfg: Any) -> list[str]:
             f"trainer.total_training_steps: must be >= 1 or null, got {tr.total_training_steps}",
         )
     need(tr.device in ("cpu", "cuda"), f"trainer.device: must be cpu or cuda, got {tr.device!r}")
+    need(
+        tr.worker_backend in ("auto", "inprocess", "process", "ray"),
+        f"trainer.worker_backend: must be auto, inprocess, process or ray, got {tr.worker_backend!r}",
+    )
+    if tr.worker_backend == "process" and tr.nnodes > 1:
+        p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
     return p
 
 
 def _dp_size(cfg: Any) -> int:
-    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) if cfg.trainer.device == "cuda" else 1
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
