@@ -345,7 +345,9 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         return
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
+    # partial: the loading side may carry param-group keys the saver did not have (e.g. the LR
+    # scheduler's initial_lr on the driver); those keep their current values
+    dcp.load(state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
