@@ -403,6 +403,8 @@ class Trainer:
             batch = self._rollout(rows, self._sampling_params())
         with self.timer("reward"):
             self._score(batch)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            batch.tensors["reward_baselines"] = self._greedy_baseline(rows, self._sampling_params().n)
         if self.kl_ctrl is not None:
             self._compute_old_and_ref(batch)
             rewards, current_kl = apply_kl_penalty(
@@ -421,6 +423,16 @@ class Trainer:
             batch.tensors["token_level_rewards"] = batch.tensors["token_level_scores"].clone()
         self.generated_response_tokens += float(batch.tensors["response_mask"].sum())
         return batch
+
+    def _greedy_baseline(self, rows: list[dict], n: int) -> torch.Tensor:
+        """ReMax: the reward of one greedy response per prompt, repeated for its n samples [B]."""
+        with self.timer("gen_max"):
+            params = self._sampling_params()
+            params.n, params.do_sample, params.temperature = 1, False, 0.0
+            greedy = self._rollout(rows, params)
+        with self.timer("reward"):
+            scores, _ = self.reward_fn(greedy)[:2]
+        return scores.sum(-1).repeat_interleave(n)
 
     def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
         s = self.settings
@@ -577,6 +589,7 @@ class Trainer:
                     norm_adv_by_std_in_grpo=self.cfg.algorithm.norm_adv_by_std_in_grpo,
                     config=self.cfg.algorithm,
                     epsilon=1e-6,
+                    reward_baselines=batch.tensors.get("reward_baselines"),
                 )
             batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
             with self.timer("update_actor"):
