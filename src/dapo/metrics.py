@@ -25,7 +25,8 @@ def compute_data_metrics(batch: Batch) -> dict[str, float]:
     t = batch.tensors
     mask = t["response_mask"].bool()
     resp_len = mask.sum(-1).float()
-    prompt_len = (t["attention_mask"].sum(-1) - mask.sum(-1)).float()
+    # the prompt part of the attention mask (multi-turn tool tokens belong to the response)
+    prompt_len = t["attention_mask"][:, : t["prompts"].shape[1]].sum(-1).float()
     not_aborted = resp_len > 0
     seq_score = t["token_level_scores"].sum(-1)
     seq_reward = t["token_level_rewards"].sum(-1)
@@ -43,6 +44,10 @@ def compute_data_metrics(batch: Batch) -> dict[str, float]:
     out["prompt_length/clip_ratio"] = float((prompt_len >= t["prompts"].shape[1]).float().mean())
     if "acc" in batch.non_tensors:
         out["train/acc"] = float(np.mean([float(a) for a in batch["acc"]]))
+    if "num_turns" in batch.non_tensors:
+        from dapo.rollout.multiturn import multiturn_metrics
+
+        out.update(multiturn_metrics({k: list(batch[k]) for k in ("num_turns", "tool_call_counts")}))
     if "truncated" in batch.non_tensors:
         out["response/truncated_ratio"] = float(np.mean([bool(a) for a in batch["truncated"]]))
     return out

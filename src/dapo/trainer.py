@@ -195,7 +195,13 @@ class Trainer:
         from dapo.model.tiny import ensure_tiny_model
 
         m = self.cfg.actor_rollout_ref.model
-        path = m.path or str(ensure_tiny_model(log=self.print))
+        mt = self.cfg.actor_rollout_ref.rollout.multi_turn
+        if mt.enable and not m.path:
+            from dapo.tools.tiny_model import ensure_tiny_tool_model
+
+            path = str(ensure_tiny_tool_model(log=self.print))
+        else:
+            path = m.path or str(ensure_tiny_model(log=self.print))
         self.model_path = path
         self.tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
         if m.custom_chat_template:
@@ -225,11 +231,22 @@ class Trainer:
             self.tokenizer.pad_token_id,
             seed=int(self.cfg.trainer.seed),
         )
+        self.multi_turn = None
+        if mt.enable:  # generate -> tool calls -> tool messages (response_mask 0) -> ...
+            from dapo.rollout.multiturn import MultiTurnRollout
+
+            self.multi_turn = MultiTurnRollout.from_config(self.rollout, self.tokenizer, mt)
 
     def _setup_data(self) -> None:
         d = self.cfg.data
         train_files, val_files = d.train_files, d.val_files
-        if train_files is None:
+        if train_files is None and self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            from dapo.data.builtin_tools import ensure_tool_task
+
+            tr_path, te_path = ensure_tool_task()
+            train_files = str(tr_path)
+            val_files = val_files if val_files is not None else str(te_path)
+        elif train_files is None:
             from dapo.data.builtin import task_fingerprint, write_task
             from dapo.model.tiny import cache_dir
 
@@ -357,16 +374,28 @@ class Trainer:
         )
 
     def _rollout(self, rows: list[dict], params: SamplingParams) -> Batch:
-        out = self.rollout.generate([r["prompt_ids"] for r in rows], params, prompt_width=self.prompt_width)
         n = params.n
+        turn_info: dict[str, list] = {}
+        if self.multi_turn is not None:
+            out, info = self.multi_turn.generate(rows, params, self.prompt_width)
+            # tool tokens are attended to (attention 1) but never trained on (response_mask 0)
+            attention_mask = out.attention_mask
+            for k, v in self.multi_turn.last_metrics.items():
+                if k.startswith("tools/") and k != "tools/call_rate":
+                    self._round_metrics[k] = self._round_metrics.get(k, 0.0) + v
+            turn_info = {k: list(info[k]) for k in ("num_turns", "tool_call_counts", "messages") if k in info}
+        else:
+            out = self.rollout.generate(
+                [r["prompt_ids"] for r in rows], params, prompt_width=self.prompt_width
+            )
+            prompt_mask = (
+                torch.arange(self.prompt_width).unsqueeze(0)
+                >= (
+                    self.prompt_width - torch.tensor([len(r["prompt_ids"]) for r in rows for _ in range(n)])
+                ).unsqueeze(1)
+            ).long()
+            attention_mask = torch.cat([prompt_mask, out.response_mask], dim=1)
         input_ids = torch.cat([out.prompts, out.responses], dim=1)
-        prompt_mask = (
-            torch.arange(self.prompt_width).unsqueeze(0)
-            >= (
-                self.prompt_width - torch.tensor([len(r["prompt_ids"]) for r in rows for _ in range(n)])
-            ).unsqueeze(1)
-        ).long()
-        attention_mask = torch.cat([prompt_mask, out.response_mask], dim=1)
         rep = [r for r in rows for _ in range(n)]
         return Batch(
             tensors={
@@ -384,6 +413,7 @@ class Trainer:
                 "reward_model": [r["reward_model"] for r in rep],
                 "extra_info": [r["extra_info"] for r in rep],
                 "truncated": out.truncated.tolist(),
+                **turn_info,
             },
         )
 
@@ -457,6 +487,11 @@ class Trainer:
             batch.tensors["ref_log_prob"] = ref
         return metrics
 
+    @staticmethod
+    def _turn_keys(batch: Batch) -> list[str]:
+        """Multi-turn columns that dumps show: every turn's messages, turn and tool-call counts."""
+        return [k for k in ("messages", "num_turns", "tool_call_counts") if k in batch.non_tensors]
+
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
         """Truncated IS weights / rejection against the sampler's own log-probs (when configured)."""
         rc = self.cfg.algorithm.rollout_correction
@@ -510,12 +545,20 @@ class Trainer:
                 self.global_step,
                 batch,
                 self.tokenizer,
-                reward_extra_keys=list(extra),
+                reward_extra_keys=list(extra) + self._turn_keys(batch),
             )
+        if "num_turns" in batch.non_tensors:
+            from dapo.rollout.multiturn import multiturn_metrics
+
+            turns = {k: list(batch[k]) for k in ("num_turns", "tool_call_counts")}
+            turn_metrics = multiturn_metrics(turns, prefix="val-aux/")
+        else:
+            turn_metrics = {}
         out = process_validation_metrics(list(batch["data_source"]), list(batch["uid"]), infos)
         acc = [float(a) for a in extra.get("acc", [])]
         if acc:
             out["val/acc"] = float(np.mean(acc))
+        out.update(turn_metrics)
         return out
 
     # ---------------------------------------------------------------- the loop
@@ -608,7 +651,7 @@ class Trainer:
                         self.global_step,
                         batch,
                         self.tokenizer,
-                        reward_extra_keys=self._reward_extra_keys,
+                        reward_extra_keys=self._reward_extra_keys + self._turn_keys(batch),
                     )
         metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
         metrics.update(compute_data_metrics(batch))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dapo.data.preprocess import tool_formats  # noqa: F401,E402  (registers the tool variants)
 from dapo.data.preprocess.formats import FORMATS, PreprocessError, preprocess_file
 
 __all__ = ["FORMATS", "PreprocessError", "preprocess_file", "register", "run"]
