@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean-venv
+.PHONY: venv demo test lint clean-venv browser
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -26,7 +26,13 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/dapo train
 
-test: venv
+# headless Chromium renders the run report in a test (skipped with a reason where it cannot be installed)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) >/dev/null 2>&1; } || \
+		echo "chromium not installed: the report screenshot test will be skipped"
+
+test: venv browser
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: venv
