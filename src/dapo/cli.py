@@ -61,17 +61,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Validation alone on a model directory (or a checkpoint's model), printing val-core metrics."""
-    from pathlib import Path
-
     from rich.console import Console
 
     from dapo.trainer import Trainer
 
     overrides = list(args.overrides)
     if args.model:
-        model = Path(args.model)
-        if (model / "model").is_dir() and not (model / "config.json").exists():
-            model = model / "model"  # a global_step_N checkpoint directory
+        from dapo.checkpoint import hf_model_dir
+
+        model = hf_model_dir(args.model)  # a model directory, or a global_step_N checkpoint
         overrides.append(f"actor_rollout_ref.model.path={model}")
     overrides += ["trainer.val_only=true", "trainer.logger=[console]"]
     args.overrides = overrides

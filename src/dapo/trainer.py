@@ -657,13 +657,30 @@ class Trainer:
         metrics.update(compute_data_metrics(batch))
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
         seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.ppo_epochs
-        mfu = estimate_mfu(self.model.config, seq_lens, self.timer.raw.get("update_actor", 0.0))
+        mfu = estimate_mfu(
+            self.model.config,
+            seq_lens,
+            self.timer.raw.get("update_actor", 0.0),
+            peak_flops=self._peak_flops(),
+        )
         if mfu is not None:
             metrics["perf/mfu/actor"] = mfu
         metrics["perf/max_memory_allocated_gb"] = peak_memory_gb(self.device)
         metrics["training/global_step"] = float(self.global_step)
         metrics["training/epoch"] = float(self.sampler.epoch)
         return metrics
+
+    def _peak_flops(self) -> float | None:
+        """The device's promised peak; on a CPU, the best matmul FLOP/s measured once in this process."""
+        if not hasattr(self, "_peak"):
+            from dapo.profiling import promised_flops
+
+            self._peak = promised_flops(self.device)
+            if self._peak is None and self.device.type == "cpu":
+                from dapo.bench.common import matmul_peak_flops
+
+                self._peak = matmul_peak_flops(next(self.model.parameters()).dtype, size=512, seconds=0.3)
+        return self._peak
 
     def _log(self, metrics: dict[str, Any], step: int) -> None:
         for t in self.trackers:
