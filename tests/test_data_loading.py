@@ -88,3 +88,12 @@ def test_sampler_rolls_over_epochs_and_resumes():
     s2 = PromptSampler(prs, seed=99)
     s2.load_state_dict(state)
     assert [r["index"] for r in s2.take(6)] == nxt
+
+
+def test_saved_char_tokenizer_keeps_spaces(tiny_random_model_dir):
+    """A model dir whose config says qwen2 still loads our character tokenizer as saved."""
+    from dapo.model.loader import load_tokenizer
+
+    tok = load_tokenizer(tiny_random_model_dir)
+    assert tok.convert_ids_to_tokens(tok("a b", add_special_tokens=False)["input_ids"]) == ["a", " ", "b"]
+    assert tok.decode(tok("What is 3 + 5?", add_special_tokens=False)["input_ids"]) == "What is 3 + 5?"

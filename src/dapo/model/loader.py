@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 
 class ModelError(ValueError):
@@ -14,7 +20,12 @@ class ModelError(ValueError):
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     p = _check_dir(path)
-    tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    if _generic_fast_tokenizer(p):
+        # AutoTokenizer would pick the tokenizer class of config.json's model type (e.g. Qwen2's,
+        # which drops spaces from a character vocabulary); a generic tokenizer.json loads as is
+        tok = PreTrainedTokenizerFast.from_pretrained(str(p))
+    else:
+        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -32,6 +43,18 @@ def load_model(
     p = _check_dir(path)
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, trust_remote_code=trust_remote_code)
     return model
+
+
+def _generic_fast_tokenizer(p: Path) -> bool:
+    cfg = p / "tokenizer_config.json"
+    if not (p / "tokenizer.json").exists() or not cfg.exists():
+        return False
+    import json
+
+    return json.loads(cfg.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend",
+        "PreTrainedTokenizerFast",
+    )
 
 
 def _check_dir(path: str | Path) -> Path:

@@ -44,7 +44,7 @@ from dapo.tools.parser import format_hermes_call
 from dapo.tools.template import TOOL_CHAT_TEMPLATE, build_tool_tokenizer
 
 TOOL_MODEL_NAME = "tiny-tools"
-RECIPE_VERSION = 2  # bump when warm_start_example changes shape
+RECIPE_VERSION = 3  # bump when warm_start_example changes shape (3: tokenizer keeps spaces on reload)
 CALL_RATE = 0.3  # share of products answered through the calculator (noisy phase)
 CLEAN_CALL_RATE = 0.6  # the same in the clean phase, where the call and the copy are learnt
 COPY_SHARE = 0.25  # share of products that are copy drills (call as context, copy trained)
