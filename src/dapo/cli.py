@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data_arithmetic)
     _register_optional(data, "dapo.data.check")
+    _register_optional(data, "dapo.data.builtin_chat")
 
     _register_optional(sub, "dapo.data.preprocess")
     _register_optional(sub, "dapo.viewer")
+    _register_optional(sub, "dapo.model.gguf")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     _register_optional(bench, "dapo.sampling.simulate")
     _register_optional(bench, "dapo.bench.rollout")
