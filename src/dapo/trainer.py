@@ -15,7 +15,6 @@ import math
 import os
 import random
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -722,10 +721,6 @@ class _timed:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.t0
-
-
-def new_uid() -> str:
-    return uuid.uuid4().hex
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
