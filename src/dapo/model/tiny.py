@@ -102,7 +102,15 @@ def recipe_fingerprint() -> str:
     recipe = json.dumps(
         {
             "config": tiny_config(128, 0, 2).to_dict(),
-            "sft": [SFT_STEPS, SFT_BATCH, SFT_LR, CLEAN_FRACTION, TARGET_ACCURACY, FORMAT_RATE, OTHER_FORMATS],
+            "sft": [
+                SFT_STEPS,
+                SFT_BATCH,
+                SFT_LR,
+                CLEAN_FRACTION,
+                TARGET_ACCURACY,
+                FORMAT_RATE,
+                OTHER_FORMATS,
+            ],
             "task": [builtin.TIER_WEIGHTS, Problem(12, "+", 3, "medium").question],
         },
         sort_keys=True,
