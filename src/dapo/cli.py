@@ -42,7 +42,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from dapo.trainer import Trainer
 
-    console = Console(stderr=False, highlight=False)
+    # soft_wrap: one line per step in logs too (a non-terminal console is 80 columns wide)
+    console = Console(stderr=False, highlight=False, soft_wrap=True)
     cfg = _load(args)
     trainer = Trainer(cfg, printer=console.print)
     summary = trainer.fit()
@@ -74,7 +75,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     overrides += ["trainer.val_only=true", "trainer.logger=[console]"]
     args.overrides = overrides
     cfg = _load(args)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     trainer = Trainer(cfg, printer=console.print)
     metrics = trainer.validate()
     for k in sorted(metrics):

@@ -112,8 +112,10 @@ class ConsoleTracker:
         for key, label, fmt in CONSOLE_FIELDS:
             if key in metrics and metrics[key] is not None:
                 parts.append(f"{label} {fmt.format(metrics[key])}")
-        self.print(" | ".join(parts))
         val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+        if len(parts) == 1 and val:
+            parts.append("validation")
+        self.print(" | ".join(parts))
         for k, v in sorted(val.items()):
             self.print(f"  {k} = {v:.4f}")
 
