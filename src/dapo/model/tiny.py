@@ -119,15 +119,17 @@ def recipe_fingerprint() -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:10]
 
 
-def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
-    """Path of the cached warm-started tiny model, building it if absent."""
-    target = cache_dir() / "models" / f"{TINY_NAME}-{recipe_fingerprint()}"
+def ensure_built(
+    target: Path, build: Callable[[Path], dict], log: Callable[[str], None], force: bool = False
+) -> Path:
+    """``target`` if a finished build is there; otherwise ``build(tmp_dir)`` (returning the record
+    kept as ``dapo_warm_start.json``) into a temporary sibling that replaces ``target`` atomically."""
     if (target / "config.json").exists() and (target / "dapo_warm_start.json").exists() and not force:
         return target
-    log(f"building the default tiny model (first use) into {target} ...")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=_mkdir(target.parent)))
+    log(f"building {target.name} (first use) into {target} ...")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=_mkdir(target.parent)))
     try:
-        info = build_tiny_model(tmp, log=log)
+        info = build(tmp)
         (tmp / "dapo_warm_start.json").write_text(json.dumps(info, indent=2))
         if target.exists():
             shutil.rmtree(target)
@@ -136,6 +138,12 @@ def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """Path of the cached warm-started tiny model, building it if absent."""
+    target = cache_dir() / "models" / f"{TINY_NAME}-{recipe_fingerprint()}"
+    return ensure_built(target, lambda tmp: build_tiny_model(tmp, log=log), log, force)
 
 
 def build_tiny_model(

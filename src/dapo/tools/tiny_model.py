@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -191,24 +188,10 @@ def recipe_fingerprint() -> str:
 
 def ensure_tiny_tool_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started tool model, building it if absent."""
-    from dapo.model.tiny import cache_dir
+    from dapo.model.tiny import cache_dir, ensure_built
 
     target = cache_dir() / "models" / f"{TOOL_MODEL_NAME}-{recipe_fingerprint()}"
-    if (target / "config.json").exists() and (target / "dapo_warm_start.json").exists() and not force:
-        return target
-    log(f"building the tiny tool model (first use) into {target} ...")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TOOL_MODEL_NAME}-", dir=target.parent))
-    try:
-        info = build_tiny_tool_model(tmp, log=log)
-        (tmp / "dapo_warm_start.json").write_text(json.dumps(info, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return ensure_built(target, lambda tmp: build_tiny_tool_model(tmp, log=log), log, force)
 
 
 def build_tiny_tool_model(
