@@ -8,34 +8,14 @@ from dapo.actor.dp_actor import Actor, ActorSettings
 from dapo.algo.agg import LOSS_AGG_MODES
 from dapo.algo.policy_loss import PolicyLossConfig
 from dapo.batch import Batch
+from dapo.bench.common import padded_rl_batch
 
 
 def _batch(vocab: int, rows: int = 8, P: int = 5, R: int = 7, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(2, P + 1, (rows,), generator=g)
     resp_len = torch.randint(1, R + 1, (rows,), generator=g)
-    prompts = torch.zeros((rows, P), dtype=torch.long)
-    responses = torch.zeros((rows, R), dtype=torch.long)
-    pmask = torch.zeros((rows, P), dtype=torch.long)
-    rmask = torch.zeros((rows, R), dtype=torch.long)
-    for i in range(rows):
-        prompts[i, P - prompt_len[i] :] = torch.randint(7, vocab, (int(prompt_len[i]),), generator=g)
-        pmask[i, P - prompt_len[i] :] = 1
-        responses[i, : resp_len[i]] = torch.randint(7, vocab, (int(resp_len[i]),), generator=g)
-        rmask[i, : resp_len[i]] = 1
-    attn = torch.cat([pmask, rmask], 1)
-    return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": attn,
-            "response_mask": rmask,
-            "old_log_probs": -torch.rand((rows, R), generator=g) * 3 * rmask,
-            "advantages": torch.randn((rows, 1), generator=g).expand(rows, R) * rmask,
-        },
-        non_tensors={"uid": [str(i // 2) for i in range(rows)]},
-    )
+    return padded_rl_batch(prompt_len, resp_len, P, R, vocab, g, token_low=7, group_size=2)
 
 
 def _settings(micro: int, mode: str, entropy_coeff: float = 0.0) -> ActorSettings:

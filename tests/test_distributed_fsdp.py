@@ -17,6 +17,7 @@ import torch
 from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
 from dapo.algo.policy_loss import PolicyLossConfig
 from dapo.batch import Batch
+from dapo.bench.common import padded_rl_batch
 from dapo.distributed import DistributedActor, ProcessWorkerGroup
 from dapo.distributed.fsdp_worker import WorkerSpec, load_sharded, worker_factory
 from dapo.model.loader import load_model
@@ -29,27 +30,7 @@ def make_batch(vocab: int, rows: int, seed: int, P: int = 5, R: int = 7) -> Batc
     g = torch.Generator().manual_seed(seed)
     plen = torch.randint(2, P + 1, (rows,), generator=g)
     rlen = torch.randint(1, R + 1, (rows,), generator=g)
-    prompts = torch.zeros((rows, P), dtype=torch.long)
-    responses = torch.zeros((rows, R), dtype=torch.long)
-    pmask = torch.zeros((rows, P), dtype=torch.long)
-    rmask = torch.zeros((rows, R), dtype=torch.long)
-    for i in range(rows):
-        prompts[i, P - plen[i] :] = torch.randint(7, vocab, (int(plen[i]),), generator=g)
-        pmask[i, P - plen[i] :] = 1
-        responses[i, : rlen[i]] = torch.randint(7, vocab, (int(rlen[i]),), generator=g)
-        rmask[i, : rlen[i]] = 1
-    return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": torch.cat([pmask, rmask], 1),
-            "response_mask": rmask,
-            "old_log_probs": -torch.rand((rows, R), generator=g) * 3 * rmask,
-            "advantages": torch.randn((rows, 1), generator=g).expand(rows, R) * rmask,
-        },
-        non_tensors={"uid": [str(i // 2) for i in range(rows)]},
-    )
+    return padded_rl_batch(plen, rlen, P, R, vocab, g, token_low=7, group_size=2)
 
 
 def settings(mode: str = "token-mean", **kw) -> ActorSettings:

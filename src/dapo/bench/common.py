@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from dapo.batch import Batch
+
 
 def set_threads(threads: int) -> None:
     torch.set_num_threads(max(1, threads))
@@ -130,3 +132,41 @@ def fmt_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
+
+
+def padded_rl_batch(
+    prompt_lens: Any,
+    response_lens: Any,
+    p_max: int,
+    r_max: int,
+    vocab: int,
+    generator: torch.Generator,
+    token_low: int = 3,
+    group_size: int = 8,
+) -> Batch:
+    """A synthetic actor batch: random tokens in left-padded prompts and right-padded responses of
+    the given lengths, random old log-probs and one random advantage per row; uids group
+    ``group_size`` consecutive rows. Used by the update bench and the actor/distributed tests."""
+    rows = len(prompt_lens)
+    prompts = torch.zeros((rows, p_max), dtype=torch.long)
+    responses = torch.zeros((rows, r_max), dtype=torch.long)
+    pmask = torch.zeros((rows, p_max), dtype=torch.long)
+    rmask = torch.zeros((rows, r_max), dtype=torch.long)
+    for i in range(rows):
+        pl, rl = int(prompt_lens[i]), int(response_lens[i])
+        prompts[i, p_max - pl :] = torch.randint(token_low, vocab, (pl,), generator=generator)
+        pmask[i, p_max - pl :] = 1
+        responses[i, :rl] = torch.randint(token_low, vocab, (rl,), generator=generator)
+        rmask[i, :rl] = 1
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.cat([pmask, rmask], 1),
+            "response_mask": rmask,
+            "old_log_probs": -torch.rand((rows, r_max), generator=generator) * 3 * rmask,
+            "advantages": torch.randn((rows, 1), generator=generator).expand(rows, r_max) * rmask,
+        },
+        non_tensors={"uid": [str(i // group_size) for i in range(rows)]},
+    )

@@ -28,6 +28,7 @@ from dapo.bench.common import (
     interleaved,
     load_default,
     matmul_peak_flops,
+    padded_rl_batch,
     param_count,
     set_threads,
 )
@@ -44,28 +45,8 @@ def rl_batch(rows: int, p_max: int, r_max: int, vocab: int, seed: int = 0) -> Ba
     p_len = rng.integers(p_max // 2, p_max + 1, rows)
     r_len = np.maximum(1, (rng.beta(1.2, 2.5, rows) * r_max).astype(int))
     r_len[rng.random(rows) < 0.12] = r_max
-    prompts = torch.zeros((rows, p_max), dtype=torch.long)
-    responses = torch.zeros((rows, r_max), dtype=torch.long)
-    pmask = torch.zeros((rows, p_max), dtype=torch.long)
-    rmask = torch.zeros((rows, r_max), dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
-    for i in range(rows):
-        prompts[i, p_max - p_len[i] :] = torch.randint(3, vocab, (int(p_len[i]),), generator=g)
-        pmask[i, p_max - p_len[i] :] = 1
-        responses[i, : r_len[i]] = torch.randint(3, vocab, (int(r_len[i]),), generator=g)
-        rmask[i, : r_len[i]] = 1
-    return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": torch.cat([pmask, rmask], 1),
-            "response_mask": rmask,
-            "old_log_probs": -torch.rand((rows, r_max), generator=g) * 3 * rmask,
-            "advantages": torch.randn((rows, 1), generator=g).expand(rows, r_max) * rmask,
-        },
-        non_tensors={"uid": np.array([str(i // 8) for i in range(rows)], dtype=object)},
-    )
+    return padded_rl_batch(p_len, r_len, p_max, r_max, vocab, g, token_low=3, group_size=8)
 
 
 def _settings(rows: int, micro: int, budget: int, variant: str) -> ActorSettings:
