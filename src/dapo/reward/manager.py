@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.config import schema
 from dapo.reward.pool import CONFIG, DIED, OK, TIMEOUT, ScorerRef, ScoringPool, call_scorer
 from dapo.reward.scorers import UnknownDataSourceError, is_inline_safe
 
@@ -44,13 +45,9 @@ SAFETY_MODES = ("auto", "process", "inline")
 
 
 @dataclass
-class OverlongBufferConfig:
-    """``reward_model.overlong_buffer`` (alias ``reward_model.reward_kwargs.overlong_buffer_cfg``)."""
-
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 0.0
-    log: bool = False
+class OverlongBufferConfig(schema.OverlongBufferConfig):
+    """``reward_model.overlong_buffer`` (alias ``reward_model.reward_kwargs.overlong_buffer_cfg``);
+    the fields and defaults are the schema's."""
 
     @staticmethod
     def coerce(cfg: Any) -> OverlongBufferConfig | None:
@@ -68,13 +65,8 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class ScoringConfig:
-    """``reward_model.scoring``: how scorers are isolated."""
-
-    mode: str = "auto"
-    timeout_s: float = 10.0
-    failure_score: float = -1.0
-    num_workers: int | None = None
+class ScoringConfig(schema.ScoringConfig):
+    """``reward_model.scoring``: how scorers are isolated (fields and defaults are the schema's)."""
 
     def __post_init__(self) -> None:
         if self.mode not in SAFETY_MODES:
