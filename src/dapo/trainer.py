@@ -215,7 +215,6 @@ class Trainer:
         if m.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
-        self.device = torch.device("cuda" if self.cfg.trainer.device == "cuda" else "cpu")
         self.model.to(self.device)
         eos = self.tokenizer.eos_token_id
         gen_eos = (
