@@ -86,6 +86,24 @@ class _Fused(NamedTuple):
     down_w: torch.Tensor
     down_b: torch.Tensor | None
     act: Callable[[torch.Tensor], torch.Tensor]
+    # decode-time copies (see ``DecoderFn.decode``): transposed, the RMSNorm weight (times
+    # sqrt(hidden)) folded into the matmul that follows the norm, and the q rows of qkv
+    # pre-multiplied by the attention scale (rotary embedding is linear, so they commute)
+    qkv_t: torch.Tensor
+    qkv_bs: torch.Tensor | None
+    ln1_c: torch.Tensor  # sqrt(hidden * eps), 0-dim
+    o_t: torch.Tensor
+    gu_t: torch.Tensor
+    ln2_c: torch.Tensor
+    down_t: torch.Tensor
+
+
+class RotaryTable(NamedTuple):
+    """cos and sign-folded sin per position, [positions, head_dim]: ``rope(x) = x * cos +
+    roll(x, head_dim/2) * sin`` (``rotate_half(x)`` is ``roll`` with the first half negated)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 def _eps(norm: torch.nn.Module) -> float:
@@ -161,27 +179,69 @@ class DecoderFn:
 
         Built from the current parameters (call again after an optimizer step); no gradients."""
         out = []
+        q_rows = self.n_heads * self.head_dim
         with torch.no_grad():
             for layer in self.layers:
                 a, m = layer.self_attn, layer.mlp
+                qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+                qkv_b = _cat_bias(a.q_proj, a.k_proj, a.v_proj)
+                root_h = float(qkv_w.shape[1]) ** 0.5
+                ln1 = layer.input_layernorm.weight
+                ln2 = layer.post_attention_layernorm.weight
+                qkv_ws = qkv_w * (ln1 * root_h)
+                qkv_ws[:q_rows] *= self.scale
+                qkv_bs = None
+                if qkv_b is not None:
+                    qkv_bs = qkv_b.clone()
+                    qkv_bs[:q_rows] *= self.scale
+                gu_w = torch.cat([m.gate_proj.weight, m.up_proj.weight])
                 out.append(
                     _Fused(
                         ln1=layer.input_layernorm.weight,
                         ln1_eps=_eps(layer.input_layernorm),
-                        qkv_w=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                        qkv_b=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                        qkv_w=qkv_w,
+                        qkv_b=qkv_b,
                         o_w=a.o_proj.weight,
                         o_b=a.o_proj.bias,
                         ln2=layer.post_attention_layernorm.weight,
                         ln2_eps=_eps(layer.post_attention_layernorm),
-                        gu_w=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                        gu_w=gu_w,
                         gu_b=_cat_bias(m.gate_proj, m.up_proj),
                         down_w=m.down_proj.weight,
                         down_b=m.down_proj.bias,
                         act=m.act_fn,
+                        qkv_t=qkv_ws.t(),
+                        qkv_bs=qkv_bs,
+                        ln1_c=self._norm_const(layer.input_layernorm, qkv_w.shape[1]),
+                        o_t=a.o_proj.weight.t(),
+                        gu_t=(gu_w * (ln2 * root_h)).t(),
+                        ln2_c=self._norm_const(layer.post_attention_layernorm, qkv_w.shape[1]),
+                        down_t=m.down_proj.weight.t(),
                     )
                 )
         return out
+
+    def _norm_const(self, norm: torch.nn.Module, hidden: int) -> torch.Tensor:
+        return torch.tensor(
+            (hidden * _eps(norm)) ** 0.5, dtype=torch.float32, device=self.embed.weight.device
+        )
+
+    def head(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The final norm folded into the LM head, for ``decode``: (weight^T, norm constant, bias)."""
+        with torch.no_grad():
+            hidden = self.lm_head.weight.shape[1]
+            w = self.lm_head.weight * (self.norm.weight * float(hidden) ** 0.5)
+        return w.t(), self._norm_const(self.norm, hidden), self.lm_head.bias
+
+    def rotary_table(self, length: int, device: torch.device) -> RotaryTable:
+        """The model's own rotary embedding evaluated at positions 0..length-1, once per rollout."""
+        with torch.no_grad():
+            probe = self.embed.weight.new_zeros((1, 1, 1))
+            cos, sin = self.rotary(probe, torch.arange(length, device=device).unsqueeze(0))
+            cos, sin = cos[0], sin[0]
+            half = self.head_dim // 2
+            sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        return RotaryTable(cos.contiguous(), sin.contiguous())
 
     def _fused_layer(self, f: _Fused, h: torch.Tensor, cos, sin, attend) -> torch.Tensor:
         b, t, _ = h.shape
@@ -195,20 +255,25 @@ class DecoderFn:
         g, u = F.linear(_rms(h, f.ln2, f.ln2_eps), f.gu_w, f.gu_b).chunk(2, dim=-1)
         return h + F.linear(f.act(g) * u, f.down_w, f.down_b)
 
-    def new_cache(
-        self, rows: int, width: int, device: torch.device
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        shape = (rows, self.n_kv, width, self.head_dim)
-        keys = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.layers]
-        values = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.layers]
-        return keys, values
+    def new_cache(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
+        """Keys and values of every layer in one tensor [layers, 2, rows, kv_heads, width, head_dim]
+        (one copy compacts all of it)."""
+        shape = (len(self.layers), 2, rows, self.n_kv, width, self.head_dim)
+        return torch.empty(shape, dtype=self.dtype, device=device)
+
+    @staticmethod
+    def compact_cache(cache: torch.Tensor, keep: torch.Tensor, used: int) -> torch.Tensor:
+        """The cache of rows ``keep`` only; columns past ``used`` (not yet written) are not copied."""
+        out = cache.new_empty(cache.shape[:2] + (keep.numel(),) + cache.shape[3:])
+        out[..., :used, :] = cache[..., :used, :].index_select(2, keep)
+        return out
 
     def prefill(
         self,
         fused: list[_Fused],
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        cache: tuple[list[torch.Tensor], list[torch.Tensor]],
+        cache: torch.Tensor,
         repeat: int = 1,
     ) -> torch.Tensor:
         """Run left-padded prompts [B, P]; write their keys/values, each repeated ``repeat`` times
@@ -223,13 +288,11 @@ class DecoderFn:
         mask = (causal & (valid[:, None, :] | eye)).unsqueeze(1)
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, pos)
-        keys, values = cache
-
         for i, f in enumerate(fused):
 
             def attend(q, k, v, i=i):
-                keys[i][:, :, :p] = k.repeat_interleave(repeat, dim=0) if repeat > 1 else k
-                values[i][:, :, :p] = v.repeat_interleave(repeat, dim=0) if repeat > 1 else v
+                cache[i, 0, :, :, :p] = k.repeat_interleave(repeat, dim=0) if repeat > 1 else k
+                cache[i, 1, :, :, :p] = v.repeat_interleave(repeat, dim=0) if repeat > 1 else v
                 return self._sdpa(q, k, v, mask)
 
             h = self._fused_layer(f, h, cos, sin, attend)
@@ -238,38 +301,67 @@ class DecoderFn:
     def decode(
         self,
         fused: list[_Fused],
+        head: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        cache: tuple[list[torch.Tensor], list[torch.Tensor]],
+        cache: torch.Tensor,
         column: int,
         key_bias: torch.Tensor,
+        rope: RotaryTable,
     ) -> torch.Tensor:
         """One token per row: tokens/positions [b]; write cache column ``column``; attend over
-        columns 0..column with additive ``key_bias`` [b, column+1] (0 or -inf). Returns logits [b, V]."""
+        columns 0..column with additive ``key_bias`` [b, column+1] (0 or -inf). Returns logits [b, V].
+
+        At rollout batch sizes a step costs more in op count than in arithmetic, so activations
+        stay two-dimensional and ops are merged: RMSNorm(x) @ W^T is computed as
+        (x @ (W * w * sqrt(H))^T) / hypot(|x|, sqrt(H * eps)) (the same value: RMSNorm is
+        x * w / sqrt(mean(x^2) + eps)), residual adds ride on ``addmm``, the attention scale on
+        the q weights."""
         b = tokens.shape[0]
-        h = self.embed(tokens.unsqueeze(-1))
-        cos, sin = self.rotary(h, positions.unsqueeze(-1))
-        keys, values = cache
-        nk, g, d = self.n_kv, self.n_heads // self.n_kv, self.head_dim
+        nq, nk, d = self.n_heads, self.n_kv, self.head_dim
+        g, half, qk_cols = nq // nk, d // 2, (nq + nk) * d
+        h = F.embedding(tokens, self.embed.weight)
+        cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
         bias = key_bias[:, None, None, :]
-
         for i, f in enumerate(fused):
+            den = self._norm_den(h, f.ln1_c)
+            qkv = (
+                torch.mm(h, f.qkv_t).div_(den)
+                if f.qkv_bs is None
+                else torch.addcdiv(f.qkv_bs, h @ f.qkv_t, den)
+            )
+            qk = qkv[:, :qk_cols].view(b, nq + nk, d)
+            qk = torch.addcmul(qk * cos, torch.roll(qk, half, dims=-1), sin)
+            kc, vc = cache[i, 0], cache[i, 1]
+            kc[:, :, column] = qk[:, nq:]
+            vc[:, :, column] = qkv[:, qk_cols:].view(b, nk, d)
+            scores = torch.matmul(qk[:, :nq].reshape(b, nk, g, d), kc[:, :, : column + 1].transpose(-1, -2))
+            scores.add_(bias)
+            if scores.dtype == torch.float32:
+                probs = torch.softmax(scores, dim=-1)
+            else:
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+            o = torch.matmul(probs, vc[:, :, : column + 1]).view(b, nq * d)
+            h = torch.addmm(h, o, f.o_t) if f.o_b is None else torch.addmm(h + f.o_b, o, f.o_t)
+            gu = torch.mm(h, f.gu_t).div_(self._norm_den(h, f.ln2_c))
+            if f.gu_b is not None:
+                gu += f.gu_b
+            inter = gu.shape[-1] // 2
+            act = f.act(gu[:, :inter]).mul_(gu[:, inter:])
+            h = (
+                torch.addmm(h, act, f.down_t)
+                if f.down_b is None
+                else torch.addmm(h + f.down_b, act, f.down_t)
+            )
+        head_t, head_c, head_b = head
+        logits = torch.mm(h, head_t).div_(self._norm_den(h, head_c))
+        return logits if head_b is None else logits.add_(head_b)
 
-            def attend(q, k, v, i=i):
-                kc, vc = keys[i], values[i]
-                kc[:, :, column] = k[:, :, 0]
-                vc[:, :, column] = v[:, :, 0]
-                # grouped-query attention for one query: the g query heads of a kv head form the
-                # "rows" of one small matmul against that head's keys (no key/value copies)
-                qg = q.reshape(b, nk, g, d)
-                scores = (
-                    torch.matmul(qg, kc[:, :, : column + 1].transpose(-1, -2)).mul_(self.scale).add_(bias)
-                )
-                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-                return torch.matmul(probs, vc[:, :, : column + 1]).reshape(b, nk * g, 1, d)
-
-            h = self._fused_layer(f, h, cos, sin, attend)
-        return self.logits(h[:, 0])
+    @staticmethod
+    def _norm_den(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """sqrt(sum(h^2) + H * eps) per row, in float32, as h's dtype: [b, 1]."""
+        norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True, dtype=torch.float32)
+        return torch.hypot(norm, c).to(h.dtype)
 
     # ------------------------------------------------------------------ packed training forward
     def packed_hidden(
