@@ -99,3 +99,17 @@ def test_cli_validate_exit_code(capsys):
     err = capsys.readouterr().err
     assert "data.gen_batch_size=1" in err
     assert main(["validate"]) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["algorithm.filter_groups.strategy=verl"], "needs strategy default"),
+        (["algorithm.filter_groups.max_staleness=0"], "max_staleness >= 1"),
+        (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward=false"),
+        (["trainer.n_gpus_per_node=2"], "single-process"),
+    ],
+)
+def test_prefetch_conflicts_are_named(overrides, says):
+    ps = problems("algorithm.filter_groups.prefetch=true", *overrides)
+    assert any("algorithm.filter_groups.prefetch" in p and says in p for p in ps), ps

@@ -119,20 +119,28 @@ def _subprocess_env():
     return env
 
 
+# prefetch: each step's batch is generated in a background thread while the previous step
+# trains, and a checkpoint holds the batch prefetched for the next step
+PREFETCH = ["algorithm.filter_groups.prefetch=true", "algorithm.filter_groups.max_staleness=2"]
+
+
 @pytest.mark.slow
-def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir, task):
+@pytest.mark.parametrize("extra", [[], PREFETCH], ids=["sequential", "prefetch"])
+def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir, task, extra):
     # 1. six steps straight
     straight = tmp_path / "straight"
-    assert main(_args(straight, tiny_random_model_dir, task)) == 0
+    assert main(_args(straight, tiny_random_model_dir, task, *extra)) == 0
     want = _metrics_by_step(straight)
     assert sorted(want) == list(range(1, STEPS + 1))
     carried = sum(want[s].get("dynamic_sampling/carried_in", 0) for s in want)
     filtered = sum(want[s].get("dynamic_sampling/filtered_groups", 0) for s in want)
     assert carried > 0 and filtered > 0, "the run must exercise filtering and surplus carry-over"
+    if extra:
+        assert all(want[s]["dynamic_sampling/staleness_max"] >= 1 for s in range(2, STEPS + 1))
 
     # 2. the same command in a subprocess, SIGKILLed once the step-3 checkpoint is complete
     resumed = tmp_path / "resumed"
-    cmd = [sys.executable, "-m", "dapo.cli", *_args(resumed, tiny_random_model_dir, task)]
+    cmd = [sys.executable, "-m", "dapo.cli", *_args(resumed, tiny_random_model_dir, task, *extra)]
     env = _subprocess_env()
     log = (tmp_path / "killed.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -70,15 +70,20 @@ def test_carry_over_off_drops_surplus():
     assert s1.metrics["dynamic_sampling/surplus_carried"] == 0
 
 
-@pytest.mark.parametrize("max_staleness", [0, 1, 2])
-def test_never_trains_on_staler_groups_than_allowed(max_staleness):
-    # a big first round and tiny batches keep the pool full, so expiry must kick in
+def _surplus_heavy(max_staleness: int):
+    """A big first round and tiny batches keep the pool full, so expiry must kick in."""
     rng = np.random.default_rng(1)
     pop = {i: float(rng.uniform(0.2, 0.8)) for i in range(64)}
     c = cfg(max_staleness=max_staleness, adaptive_rounds=False, skip=SkipConfig(enable=False))
     b = DynamicBatcher(c, 2, 16, 4, 0)
     src = ListSource(prompt_rows(64), seed=3)
     gen = FakeRollout(4, bernoulli(lambda r: pop[r["index"]]), seed=2)
+    return b, src, gen
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_never_trains_on_staler_groups_than_allowed(max_staleness):
+    b, src, gen = _surplus_heavy(max_staleness)
     dropped = 0
     for _ in range(12):
         s = b.next_batch(src, gen)
@@ -289,3 +294,28 @@ def test_invariants_batch_is_exactly_B_groups_of_n(B, extra, n, carry, adaptive,
         )
     # nothing is silently lost: every kept group was trained, dropped (and counted) or is in the pool
     assert kept == trained + dropped + len(b.pool)
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2, 3])
+def test_prefetch_lag_counts_the_update_in_flight(max_staleness):
+    # lag=1 (the trainer's prefetch): every group was generated one update before the step that
+    # trains it, so fresh groups are 1 stale and carried ones expire one step earlier
+    b, src, gen = _surplus_heavy(max_staleness)
+    b.next_batch(src, gen)  # the first step is generated before any update (lag 0)
+    b.lag = 1
+    seen = set()
+    dropped = 0
+    for _ in range(12):
+        weights_version = b.version - 1  # the update in flight has not landed on the generator
+        s = b.next_batch(src, gen)
+        trained_at = b.version - 1  # updates done when this batch is trained
+        gen_versions = [int(v) for v in s.batch.non_tensors["gen_version"].tolist()]
+        stale = s.batch.non_tensors["staleness"].tolist()
+        assert all(g <= weights_version for g in gen_versions)
+        assert stale == [trained_at - g for g in gen_versions]
+        assert 1 <= min(stale) and max(stale) <= max_staleness
+        seen.update(stale)
+        dropped += s.metrics["dynamic_sampling/stale_dropped"]
+    assert seen == set(range(1, max_staleness + 1))  # carried groups do get used
+    if max_staleness == 1:
+        assert dropped > 0  # a surplus group would be 2 stale by the next step

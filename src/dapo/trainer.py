@@ -16,8 +16,10 @@ import os
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from dapo.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.profiling import estimate_mfu, peak_memory_gb, profile_step
 from dapo.rollout.hf import HFRollout, SamplingParams
 from dapo.sampling import DynamicBatcher
+from dapo.sampling.batcher import SampledStep, batch_from_state, batch_to_state
 from dapo.signals import GracefulStop
 from dapo.tracking import build_trackers
 from dapo.validation import process_validation_metrics
@@ -59,6 +62,19 @@ class Timer:
             yield
         finally:
             self.raw[name] = self.raw.get(name, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class GenContext:
+    """What generating one step's batch accumulates: phase times and round metrics. Each step's
+    generation has its own, so a batch prefetched while the previous step trains keeps its
+    numbers apart from that step's."""
+
+    timer: Timer = field(default_factory=Timer)
+    round_metrics: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.round_metrics[key] = self.round_metrics.get(key, 0.0) + float(value)
 
 
 def set_seed(seed: int) -> None:
@@ -121,9 +137,13 @@ class Trainer:
         self.group_recorder = GroupRecorder.from_config(self.run_dir, cfg)
         self.global_step = 0
         self.timer = Timer()
-        self._round_metrics: dict[str, float] = {}
-        self.generated_response_tokens = 0.0
         self._reward_extra_keys: list[str] = []
+        # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-prefetch") if self.prefetch else None
+        )
+        self._prefetched: tuple[SampledStep, GenContext] | None = None
+        self._prefetch_error: BaseException | None = None
         self.stopped = False
         self._resume()
 
@@ -137,7 +157,29 @@ class Trainer:
             "nonfinite_steps": self.actor.nonfinite_steps,
             "rollout_generator": self.rollout.generator,
             "rollout_device_generators": dict(getattr(self.rollout, "_device_generators", {})),
+            "prefetched": self._prefetched_state(),
         }
+
+    def _prefetched_state(self) -> dict[str, Any] | None:
+        if self._prefetched is None:
+            return None
+        sampled, ctx = self._prefetched
+        return {
+            "action": sampled.action,
+            "batch": None if sampled.batch is None else batch_to_state(sampled.batch),
+            "metrics": sampled.metrics,
+            "group_records": sampled.group_records,
+            "timer": ctx.timer.raw,
+            "round_metrics": ctx.round_metrics,
+        }
+
+    def _load_prefetched(self, d: dict[str, Any] | None) -> None:
+        if d is None:
+            self._prefetched = None
+            return
+        batch = None if d["batch"] is None else batch_from_state(d["batch"])
+        sampled = SampledStep(batch, d["action"], dict(d["metrics"]), list(d["group_records"]))
+        self._prefetched = (sampled, GenContext(Timer(dict(d["timer"])), dict(d["round_metrics"])))
 
     def _save(self) -> None:
         save_checkpoint(
@@ -183,6 +225,7 @@ class Trainer:
         if self.kl_ctrl is not None and st.get("kl_coef") is not None:
             self.kl_ctrl.value = float(st["kl_coef"])
         self.actor.nonfinite_steps = int(st["nonfinite_steps"])
+        self._load_prefetched(st.get("prefetched"))
         if hasattr(self.rollout, "_device_generators"):
             self.rollout._device_generators.update(st.get("rollout_device_generators") or {})
         self.print(f"resumed from {path} (step {self.global_step})")
@@ -223,8 +266,20 @@ class Trainer:
             else None
         )
         eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        self.prefetch = bool(self.cfg.algorithm.filter_groups.prefetch)
+        # with prefetch, generation runs on its own copy of the weights (refreshed before each
+        # prefetch and each validation) while the optimizer updates the model in place
+        self.rollout_model = None
+        if self.prefetch:
+            self.rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            if not self.cfg.algorithm.rollout_correction.rollout_is:
+                self.print(
+                    "warning: algorithm.filter_groups.prefetch trains on groups one policy update stale "
+                    "with no importance weights; set algorithm.rollout_correction.rollout_is=token to "
+                    "correct for the drift (on the built-in task, learning collapsed without it)"
+                )
         self.rollout = HFRollout(
-            self.model,
+            self.rollout_model if self.rollout_model is not None else self.model,
             [e for e in eos_ids if e is not None],
             self.tokenizer.pad_token_id,
             seed=int(self.cfg.trainer.seed),
@@ -371,7 +426,14 @@ class Trainer:
             response_length=self.response_length,
         )
 
-    def _rollout(self, rows: list[dict], params: SamplingParams) -> Batch:
+    def _sync_rollout_weights(self) -> None:
+        if self.rollout_model is None:
+            return
+        with torch.no_grad():
+            for dst, src in zip(self.rollout_model.parameters(), self.model.parameters(), strict=True):
+                dst.copy_(src)
+
+    def _rollout(self, rows: list[dict], params: SamplingParams, ctx: GenContext) -> Batch:
         n = params.n
         turn_info: dict[str, list] = {}
         if self.multi_turn is not None:
@@ -380,7 +442,7 @@ class Trainer:
             attention_mask = out.attention_mask
             for k, v in self.multi_turn.last_metrics.items():
                 if k.startswith("tools/") and k != "tools/call_rate":
-                    self._round_metrics[k] = self._round_metrics.get(k, 0.0) + v
+                    ctx.add(k, v)
             turn_info = {k: list(info[k]) for k in ("num_turns", "tool_call_counts", "messages") if k in info}
         else:
             out = self.rollout.generate(
@@ -415,24 +477,24 @@ class Trainer:
             },
         )
 
-    def _score(self, batch: Batch) -> dict[str, list]:
+    def _score(self, batch: Batch, ctx: GenContext) -> dict[str, list]:
         scores, extra = self.reward_fn(batch)[:2]
         self._reward_extra_keys = list(extra)
         batch.tensors["token_level_scores"] = scores
         for k, v in extra.items():
             batch[k] = list(v)
         for k, v in (getattr(self.reward_fn, "last_metrics", None) or {}).items():
-            self._round_metrics[k] = self._round_metrics.get(k, 0.0) + float(v)
+            ctx.add(k, v)
         return extra
 
-    def _generate_and_score(self, rows: list[dict]) -> Batch:
+    def _generate_and_score(self, rows: list[dict], ctx: GenContext) -> Batch:
         """One generation round: rollout, reward, rewards (with in-reward KL when configured)."""
-        with self.timer("gen"):
-            batch = self._rollout(rows, self._sampling_params())
-        with self.timer("reward"):
-            self._score(batch)
+        with ctx.timer("gen"):
+            batch = self._rollout(rows, self._sampling_params(), ctx)
+        with ctx.timer("reward"):
+            self._score(batch, ctx)
         if self.cfg.algorithm.adv_estimator == "remax":
-            batch.tensors["reward_baselines"] = self._greedy_baseline(rows, self._sampling_params().n)
+            batch.tensors["reward_baselines"] = self._greedy_baseline(rows, self._sampling_params().n, ctx)
         if self.kl_ctrl is not None:
             self._compute_old_and_ref(batch)
             rewards, current_kl = apply_kl_penalty(
@@ -445,20 +507,19 @@ class Trainer:
             )
             self.kl_ctrl.update(float(current_kl), n_steps=len(rows))
             batch.tensors["token_level_rewards"] = rewards
-            self._round_metrics["actor/reward_kl_penalty"] = float(current_kl)
-            self._round_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl.value)
+            ctx.round_metrics["actor/reward_kl_penalty"] = float(current_kl)
+            ctx.round_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl.value)
         else:
             batch.tensors["token_level_rewards"] = batch.tensors["token_level_scores"].clone()
-        self.generated_response_tokens += float(batch.tensors["response_mask"].sum())
         return batch
 
-    def _greedy_baseline(self, rows: list[dict], n: int) -> torch.Tensor:
+    def _greedy_baseline(self, rows: list[dict], n: int, ctx: GenContext) -> torch.Tensor:
         """ReMax: the reward of one greedy response per prompt, repeated for its n samples [B]."""
-        with self.timer("gen_max"):
+        with ctx.timer("gen_max"):
             params = self._sampling_params()
             params.n, params.do_sample, params.temperature = 1, False, 0.0
-            greedy = self._rollout(rows, params)
-        with self.timer("reward"):
+            greedy = self._rollout(rows, params, ctx)
+        with ctx.timer("reward"):
             scores, _ = self.reward_fn(greedy)[:2]
         return scores.sum(-1).repeat_interleave(n)
 
@@ -517,6 +578,7 @@ class Trainer:
         numbers depend only on the weights (``dapo eval`` of a saved model reproduces them)."""
         if not self.val_rows:
             return {}
+        self._sync_rollout_weights()
         train_generator = self.rollout.generator
         self.rollout.generator = torch.Generator().manual_seed(int(self.cfg.trainer.seed) + 7919)
         try:
@@ -526,15 +588,16 @@ class Trainer:
 
     def _validate(self) -> dict[str, float]:
         params = self._sampling_params(validate=True)
+        ctx = GenContext()  # validation's reward counters are not a training step's
         batches = []
         bs = int(self.cfg.data.val_batch_size or 256)
         for s in range(0, len(self.val_rows), bs):
             rows = [r.as_dict() for r in self.val_rows[s : s + bs]]
-            b = self._rollout(rows, params)
+            b = self._rollout(rows, params, ctx)
             b["uid"] = [f"val-{r['index']}" for r in rows for _ in range(params.n)]
             batches.append(b)
         batch = Batch.concat(batches)
-        extra = self._score(batch)
+        extra = self._score(batch, ctx)
         reward = batch.tensors["token_level_scores"].sum(-1).tolist()
         infos = {"reward": reward, **{k: list(v) for k, v in extra.items()}}
         if self.cfg.trainer.validation_data_dir:
@@ -607,35 +670,39 @@ class Trainer:
 
     def _train_step(self, progress: Any) -> dict[str, float]:
         self.timer = Timer()
-        self._round_metrics: dict[str, float] = {}
-        self.generated_response_tokens = 0.0
         with self.timer("step"):
-            sampled = self.batcher.next_batch(
-                self.sampler, self._generate_and_score, on_round=progress.on_round
-            )
+            sampled, ctx = self._next_sampled(progress)
             self.group_recorder.write(self.global_step, sampled)
             metrics: dict[str, float] = dict(sampled.metrics)
-            metrics.update(self._round_metrics)
+            metrics.update(ctx.round_metrics)
             if sampled.action != "train" or sampled.batch is None or len(sampled.batch) == 0:
                 self.print(f"step {self.global_step}: no update (dynamic sampling: {sampled.action})")
                 metrics["training/skipped_step"] = 1.0
                 return metrics
             batch = sampled.batch
-            metrics.update(self._compute_old_and_ref(batch))
-            with self.timer("adv"):
-                adv, ret = self.adv_fn(
-                    token_level_rewards=batch.tensors["token_level_rewards"],
-                    response_mask=batch.tensors["response_mask"].float(),
-                    index=np.asarray(batch["uid"]),
-                    norm_adv_by_std_in_grpo=self.cfg.algorithm.norm_adv_by_std_in_grpo,
-                    config=self.cfg.algorithm,
-                    epsilon=1e-6,
-                    reward_baselines=batch.tensors.get("reward_baselines"),
-                )
-            batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
-            with self.timer("update_actor"):
-                metrics.update(self.actor.update_policy(batch))
-            self.scheduler.step()
+            prefetch = self._start_prefetch(progress)
+            try:
+                metrics.update(self._compute_old_and_ref(batch))
+                with self.timer("adv"):
+                    adv, ret = self.adv_fn(
+                        token_level_rewards=batch.tensors["token_level_rewards"],
+                        response_mask=batch.tensors["response_mask"].float(),
+                        index=np.asarray(batch["uid"]),
+                        norm_adv_by_std_in_grpo=self.cfg.algorithm.norm_adv_by_std_in_grpo,
+                        config=self.cfg.algorithm,
+                        epsilon=1e-6,
+                        reward_baselines=batch.tensors.get("reward_baselines"),
+                    )
+                batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
+                with self.timer("update_actor"):
+                    metrics.update(self.actor.update_policy(batch))
+                self.scheduler.step()
+            finally:
+                # the step ends when its prefetch does: validation, checkpoints and dumps then see
+                # a quiet trainer, and the step's time includes any generation the update did not hide
+                if prefetch is not None:
+                    with self.timer("wait_prefetch"):
+                        self._finish_prefetch(*prefetch)
             if self.actor.consecutive_nonfinite >= MAX_CONSECUTIVE_NONFINITE:
                 raise TrainingError(
                     f"{self.actor.consecutive_nonfinite} optimizer steps in a row had a non-finite gradient norm "
@@ -667,6 +734,41 @@ class Trainer:
         metrics["training/global_step"] = float(self.global_step)
         metrics["training/epoch"] = float(self.sampler.epoch)
         return metrics
+
+    def _next_sampled(self, progress: Any) -> tuple[SampledStep, GenContext]:
+        """This step's batch: the one prefetched during the previous step, else generated now."""
+        if self._prefetch_error is not None:
+            err, self._prefetch_error = self._prefetch_error, None
+            raise err
+        if self._prefetched is not None:
+            sampled, ctx = self._prefetched
+            self._prefetched = None
+            for k, v in ctx.timer.raw.items():
+                self.timer.raw[k] = self.timer.raw.get(k, 0.0) + v
+            return sampled, ctx
+        self._sync_rollout_weights()
+        self.batcher.lag = 0
+        ctx = GenContext(timer=self.timer)
+        sampled = self.batcher.next_batch(
+            self.sampler, partial(self._generate_and_score, ctx=ctx), on_round=progress.on_round
+        )
+        return sampled, ctx
+
+    def _start_prefetch(self, progress: Any) -> tuple[Future, GenContext] | None:
+        """Generate the next step's batch in the background, on the weights before this update."""
+        if self._executor is None or self.global_step >= self.total_training_steps:
+            return None
+        self._sync_rollout_weights()
+        self.batcher.lag = 1
+        ctx = GenContext()
+        gen = partial(self._generate_and_score, ctx=ctx)
+        return self._executor.submit(self.batcher.next_batch, self.sampler, gen, progress.on_round), ctx
+
+    def _finish_prefetch(self, future: Future, ctx: GenContext) -> None:
+        try:
+            self._prefetched = (future.result(), ctx)
+        except BaseException as e:  # raised when the next step asks for its batch
+            self._prefetch_error = e
 
     def _peak_flops(self) -> float | None:
         """The device's promised peak; on a CPU, the best matmul FLOP/s measured once in this process."""
@@ -708,6 +810,8 @@ class Trainer:
         for t in self.trackers:
             t.close()
         self.actor.shutdown()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
         return summary
 

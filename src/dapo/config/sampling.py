@@ -121,6 +121,11 @@ class FilterGroupsConfig:
     band: list[float] = field(default_factory=lambda: [0.0, 1.0])
     # move the band with training toward a target kept fraction
     adaptive_threshold: AdaptiveThresholdConfig = field(default_factory=AdaptiveThresholdConfig)
+    # ours: generate the next step's batch (every round of it) on a copy of the weights while this
+    # step's update runs, so generation and training overlap (a second core or device stream does
+    # the rollout); the prefetched groups are one policy update stale, within max_staleness.
+    # Costs one copy of the model's weights. Not with strategy verl (the recipe is sequential).
+    prefetch: bool = False
 
 
 def _is_int(x: object) -> bool:
@@ -157,6 +162,16 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
         bad("carry_over", f"must be true or false, got {cfg.carry_over!r}")
     if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         bad("max_staleness", f"must be an integer >= 0 (policy updates), got {cfg.max_staleness!r}")
+    if not isinstance(cfg.prefetch, bool):
+        bad("prefetch", f"must be true or false, got {cfg.prefetch!r}")
+    elif cfg.prefetch and cfg.strategy == "verl":
+        bad("prefetch", "needs strategy default (verl mode keeps the recipe's sequential semantics)")
+    elif cfg.prefetch and _is_int(cfg.max_staleness) and cfg.max_staleness < 1:
+        bad(
+            "prefetch",
+            "trains on groups one policy update stale, so it needs max_staleness >= 1, "
+            f"got max_staleness={cfg.max_staleness}",
+        )
     if not isinstance(cfg.adaptive_rounds, bool):
         bad("adaptive_rounds", f"must be true or false, got {cfg.adaptive_rounds!r}")
     if not _is_num(cfg.round_margin) or cfg.round_margin < 0:

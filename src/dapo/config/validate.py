@@ -137,6 +137,17 @@ def validate(cfg: Any) -> list[str]:
     fg = alg.filter_groups
     p.extend(sampling_cfg.validate(fg))
     known_metrics = (*KNOWN_FILTER_METRICS, *objectives)
+    if fg.prefetch is True:
+        need(
+            not alg.use_kl_in_reward,
+            "algorithm.filter_groups.prefetch: the in-reward KL needs the actor during generation; "
+            "set prefetch=false or algorithm.use_kl_in_reward=false",
+        )
+        need(
+            int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) == 1,
+            "algorithm.filter_groups.prefetch: single-process training only (the worker group "
+            "updates weights in other processes); set prefetch=false",
+        )
     if fg.enable and fg.metric and fg.metric not in known_metrics and not cfg.custom_reward_function.path:
         p.append(
             f"algorithm.filter_groups.metric: unknown metric {fg.metric!r}; known: {', '.join(known_metrics)} "

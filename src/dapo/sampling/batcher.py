@@ -183,6 +183,9 @@ class DynamicBatcher:
         self.seed = int(seed)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self.version = 0  # policy updates so far (steps whose action was "train")
+        # policy updates still to come between generation and use: 1 when the trainer generates a
+        # step's batch while the previous step's update runs (algorithm.filter_groups.prefetch)
+        self.lag = 0
         self.calls = 0  # next_batch calls so far
         self.uid_counter = 0
         self.pool: list[_Group] = []
@@ -222,6 +225,11 @@ class DynamicBatcher:
 
     # ------------------------------------------------------------------ helpers
 
+    @property
+    def _gen_version(self) -> int:
+        """The version of the weights generating now (``lag`` updates behind the one trained next)."""
+        return self.version - self.lag
+
     def _generate(self, rows: list[dict], generate: GenerateFn, st: _Stats) -> Batch:
         b = generate(rows)
         if len(b) != len(rows) * self.n:
@@ -234,7 +242,7 @@ class DynamicBatcher:
             uids[i * self.n : (i + 1) * self.n] = f"g{self.uid_counter}"
             self.uid_counter += 1
         b["uid"] = uids
-        b["gen_version"] = np.full(len(b), self.version, dtype=object)
+        b["gen_version"] = np.full(len(b), self._gen_version, dtype=object)
         if "index" not in b.non_tensors:
             idx = np.empty(len(b), dtype=object)
             for i, r in enumerate(rows):
@@ -395,7 +403,7 @@ class DynamicBatcher:
                 if idx is not None:
                     self.history.record(idx, filtered=not o.kept, mean=o.mean)
                 if o.kept:
-                    fresh.append(_Group(b.select(o.rows), self.version, idx))
+                    fresh.append(_Group(b.select(o.rows), self._gen_version, idx))
                     kept_now += 1
             have += kept_now
             self._adapt(len(rows), kept_now)
@@ -423,7 +431,7 @@ class DynamicBatcher:
         else:
             st.surplus_dropped += len(rest)
             self.pool = []
-        st.carried_in = sum(1 for g in take if g.version < self.version)
+        st.carried_in = sum(1 for g in take if g.version < self._gen_version)
         batch = Batch.concat([g.batch for g in take])
         return SampledStep(self._with_staleness(batch, self.version), "train")
 
@@ -551,7 +559,7 @@ class DynamicBatcher:
             "band": [self.band_center, self.band_half],
             "history": self.history.state_dict(),
             "pool": [
-                {"version": g.version, "index": g.index, "batch": _batch_to_state(g.batch)} for g in self.pool
+                {"version": g.version, "index": g.index, "batch": batch_to_state(g.batch)} for g in self.pool
             ],
             "warned": sorted(self._warned),
         }
@@ -566,7 +574,7 @@ class DynamicBatcher:
         self.skip_prob = float(d["skip_prob"])
         self.band_center, self.band_half = (float(x) for x in d["band"])
         self.history = PromptHistory.from_state_dict(d["history"])
-        self.pool = [_Group(_batch_from_state(g["batch"]), int(g["version"]), g["index"]) for g in d["pool"]]
+        self.pool = [_Group(batch_from_state(g["batch"]), int(g["version"]), g["index"]) for g in d["pool"]]
         self._warned = set(d.get("warned", []))
 
 
@@ -576,7 +584,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _batch_to_state(b: Batch) -> dict[str, Any]:
+def batch_to_state(b: Batch) -> dict[str, Any]:
     return {
         "tensors": {
             k: {
@@ -590,7 +598,7 @@ def _batch_to_state(b: Batch) -> dict[str, Any]:
     }
 
 
-def _batch_from_state(d: dict[str, Any]) -> Batch:
+def batch_from_state(d: dict[str, Any]) -> Batch:
     tensors = {
         k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
         for k, t in d["tensors"].items()
