@@ -150,3 +150,38 @@ def test_unsupported_model_uses_generic_loop():
     assert ro.engine is None
     out = ro.generate(_prompts(2), SamplingParams(n=2, response_length=5))
     assert out.responses.shape == (4, 5)
+
+
+def _greedy_both_engines(m, prompts, length=12):
+    params = SamplingParams(n=1, do_sample=False, response_length=length)
+    outs = [
+        HFRollout(m, [EOS], PAD, engine=e).generate(prompts, params, prompt_width=10) for e in ("fast", "hf")
+    ]
+    return outs
+
+
+def test_length_dependent_rotary_matches_the_step_by_step_loop():
+    # dynamic NTK scaling recomputes frequencies from the longest position seen: the fast engine
+    # must not evaluate it once for the whole rollout
+    torch.manual_seed(0)
+    cfg = tiny_config(VOCAB, PAD, EOS, hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    cfg.max_position_embeddings = 8
+    cfg.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    m = Qwen2ForCausalLM(cfg).eval()
+    fast, ref = _greedy_both_engines(m, _prompts(4, seed=2), length=16)
+    assert torch.equal(fast.responses, ref.responses)
+    torch.testing.assert_close(fast.rollout_log_probs, ref.rollout_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_float16_with_a_large_hidden_norm_stays_finite():
+    # the norm folded into the next matmul must not overflow float16's range
+    torch.manual_seed(0)
+    cfg = tiny_config(VOCAB, PAD, EOS, hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.model.embed_tokens.weight.mul_(2000.0)  # hidden norms in the tens of thousands
+    m = m.half()
+    fast, ref = _greedy_both_engines(m, _prompts(4, seed=3))
+    assert torch.isfinite(ref.rollout_log_probs).all()
+    assert torch.isfinite(fast.rollout_log_probs).all()
+    assert torch.equal(fast.responses[:, :4], ref.responses[:, :4])

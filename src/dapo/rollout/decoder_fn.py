@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
+# rotary types whose frequencies depend on the longest position in the call
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -227,21 +229,27 @@ class DecoderFn:
         )
 
     def head(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The final norm folded into the LM head, for ``decode``: (weight^T, norm constant, bias)."""
+        """The final norm folded into the LM head, for ``decode``: (weight^T, norm constant, bias).
+        A vocabulary x hidden copy, made once per rollout."""
         with torch.no_grad():
             hidden = self.lm_head.weight.shape[1]
             w = self.lm_head.weight * (self.norm.weight * float(hidden) ** 0.5)
         return w.t(), self._norm_const(self.norm, hidden), self.lm_head.bias
 
-    def rotary_table(self, length: int, device: torch.device) -> RotaryTable:
-        """The model's own rotary embedding evaluated at positions 0..length-1, once per rollout."""
+    def rotary_table(self, length: int, device: torch.device) -> RotaryTable | None:
+        """The model's own rotary embedding evaluated at positions 0..length-1, once per rollout;
+        None for rotary types whose frequencies depend on the longest position seen (dynamic
+        NTK, longrope): ``decode`` then evaluates the module per step, as transformers does."""
+        if getattr(self.rotary, "rope_type", "default") in LENGTH_DEPENDENT_ROPE:
+            return None
         with torch.no_grad():
             probe = self.embed.weight.new_zeros((1, 1, 1))
             cos, sin = self.rotary(probe, torch.arange(length, device=device).unsqueeze(0))
-            cos, sin = cos[0], sin[0]
-            half = self.head_dim // 2
-            sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-        return RotaryTable(cos.contiguous(), sin.contiguous())
+        return RotaryTable(cos[0].contiguous(), self._fold_sign(sin[0]).contiguous())
+
+    def _fold_sign(self, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     def _fused_layer(self, f: _Fused, h: torch.Tensor, cos, sin, attend) -> torch.Tensor:
         b, t, _ = h.shape
@@ -307,7 +315,7 @@ class DecoderFn:
         cache: torch.Tensor,
         column: int,
         key_bias: torch.Tensor,
-        rope: RotaryTable,
+        rope: RotaryTable | None,
     ) -> torch.Tensor:
         """One token per row: tokens/positions [b]; write cache column ``column``; attend over
         columns 0..column with additive ``key_bias`` [b, column+1] (0 or -inf). Returns logits [b, V].
@@ -321,15 +329,15 @@ class DecoderFn:
         nq, nk, d = self.n_heads, self.n_kv, self.head_dim
         g, half, qk_cols = nq // nk, d // 2, (nq + nk) * d
         h = F.embedding(tokens, self.embed.weight)
-        cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
+        if rope is not None:
+            cos, sin = rope.cos[positions], rope.sin[positions]
+        else:
+            cos, sin = self.rotary(h.unsqueeze(1), positions.unsqueeze(-1))
+            cos, sin = cos[:, 0], self._fold_sign(sin[:, 0])
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         bias = key_bias[:, None, None, :]
         for i, f in enumerate(fused):
-            den = self._norm_den(h, f.ln1_c)
-            qkv = (
-                torch.mm(h, f.qkv_t).div_(den)
-                if f.qkv_bs is None
-                else torch.addcdiv(f.qkv_bs, h @ f.qkv_t, den)
-            )
+            qkv = self._normed_mm(h, f.qkv_t, f.ln1_c, f.qkv_bs)
             qk = qkv[:, :qk_cols].view(b, nq + nk, d)
             qk = torch.addcmul(qk * cos, torch.roll(qk, half, dims=-1), sin)
             kc, vc = cache[i, 0], cache[i, 1]
@@ -343,9 +351,7 @@ class DecoderFn:
                 probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
             o = torch.matmul(probs, vc[:, :, : column + 1]).view(b, nq * d)
             h = torch.addmm(h, o, f.o_t) if f.o_b is None else torch.addmm(h + f.o_b, o, f.o_t)
-            gu = torch.mm(h, f.gu_t).div_(self._norm_den(h, f.ln2_c))
-            if f.gu_b is not None:
-                gu += f.gu_b
+            gu = self._normed_mm(h, f.gu_t, f.ln2_c, f.gu_b)
             inter = gu.shape[-1] // 2
             act = f.act(gu[:, :inter]).mul_(gu[:, inter:])
             h = (
@@ -353,15 +359,23 @@ class DecoderFn:
                 if f.down_b is None
                 else torch.addmm(h + f.down_b, act, f.down_t)
             )
-        head_t, head_c, head_b = head
-        logits = torch.mm(h, head_t).div_(self._norm_den(h, head_c))
-        return logits if head_b is None else logits.add_(head_b)
+        return self._normed_mm(h, *head)
 
     @staticmethod
-    def _norm_den(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """sqrt(sum(h^2) + H * eps) per row, in float32, as h's dtype: [b, 1]."""
-        norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True, dtype=torch.float32)
-        return torch.hypot(norm, c).to(h.dtype)
+    def _normed_mm(
+        h: torch.Tensor, w_t: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """RMSNorm(h) @ W^T (+ bias) with the norm weight and sqrt(H) folded into ``w_t``:
+        (h @ w_t) / sqrt(sum(h^2) + H * eps). float16 divides first: its range would not hold
+        h @ w_t, which is |h| times larger than the normalised product."""
+        den = torch.hypot(torch.linalg.vector_norm(h, dim=-1, keepdim=True, dtype=torch.float32), c)
+        if h.dtype == torch.float16:
+            out = torch.mm((h / den).to(h.dtype), w_t)
+            return out if bias is None else out.add_(bias)
+        den = den.to(h.dtype)
+        if bias is None:
+            return torch.mm(h, w_t).div_(den)
+        return torch.addcdiv(bias, torch.mm(h, w_t), den)
 
     # ------------------------------------------------------------------ packed training forward
     def packed_hidden(
