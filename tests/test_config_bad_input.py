@@ -107,7 +107,7 @@ def test_cli_validate_exit_code(capsys):
         (["algorithm.filter_groups.strategy=verl"], "needs strategy default"),
         (["algorithm.filter_groups.max_staleness=0"], "max_staleness >= 1"),
         (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward=false"),
-        (["trainer.n_gpus_per_node=2"], "single-process"),
+        (["trainer.n_gpus_per_node=2"], "one actor rank"),
     ],
 )
 def test_prefetch_conflicts_are_named(overrides, says):

@@ -72,6 +72,7 @@ class GenContext:
 
     timer: Timer = field(default_factory=Timer)
     round_metrics: dict[str, float] = field(default_factory=dict)
+    reward_extra_keys: list[str] = field(default_factory=list)  # the scorer's extra columns
 
     def add(self, key: str, value: float) -> None:
         self.round_metrics[key] = self.round_metrics.get(key, 0.0) + float(value)
@@ -137,7 +138,6 @@ class Trainer:
         self.group_recorder = GroupRecorder.from_config(self.run_dir, cfg)
         self.global_step = 0
         self.timer = Timer()
-        self._reward_extra_keys: list[str] = []
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
         self._executor = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-prefetch") if self.prefetch else None
@@ -171,6 +171,7 @@ class Trainer:
             "group_records": sampled.group_records,
             "timer": ctx.timer.raw,
             "round_metrics": ctx.round_metrics,
+            "reward_extra_keys": ctx.reward_extra_keys,
         }
 
     def _load_prefetched(self, d: dict[str, Any] | None) -> None:
@@ -179,7 +180,8 @@ class Trainer:
             return
         batch = None if d["batch"] is None else batch_from_state(d["batch"])
         sampled = SampledStep(batch, d["action"], dict(d["metrics"]), list(d["group_records"]))
-        self._prefetched = (sampled, GenContext(Timer(dict(d["timer"])), dict(d["round_metrics"])))
+        ctx = GenContext(Timer(dict(d["timer"])), dict(d["round_metrics"]), list(d["reward_extra_keys"]))
+        self._prefetched = (sampled, ctx)
 
     def _save(self) -> None:
         save_checkpoint(
@@ -479,7 +481,7 @@ class Trainer:
 
     def _score(self, batch: Batch, ctx: GenContext) -> dict[str, list]:
         scores, extra = self.reward_fn(batch)[:2]
-        self._reward_extra_keys = list(extra)
+        ctx.reward_extra_keys = list(extra)
         batch.tensors["token_level_scores"] = scores
         for k, v in extra.items():
             batch[k] = list(v)
@@ -649,6 +651,13 @@ class Trainer:
                 self.global_step += 1
                 with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
                     metrics = self._train_step(progress)
+                if self._prefetch_error is not None:
+                    self._log(metrics, step=self.global_step)
+                    self.print(
+                        f"generating the batch of step {self.global_step + 1} failed; step "
+                        f"{self.global_step} is logged but not saved (the last checkpoint is intact)"
+                    )
+                    raise self._prefetch_error
                 is_last = self.global_step >= self.total_training_steps
                 # validation also runs after the last step, whatever test_freq, so the summary has it
                 if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
@@ -680,6 +689,7 @@ class Trainer:
                 metrics["training/skipped_step"] = 1.0
                 return metrics
             batch = sampled.batch
+            epoch = self.sampler.epoch  # the prefetch below may move it on
             prefetch = self._start_prefetch(progress)
             try:
                 metrics.update(self._compute_old_and_ref(batch))
@@ -716,7 +726,7 @@ class Trainer:
                         self.global_step,
                         batch,
                         self.tokenizer,
-                        reward_extra_keys=self._reward_extra_keys + self._turn_keys(batch),
+                        reward_extra_keys=ctx.reward_extra_keys + self._turn_keys(batch),
                     )
         metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
         metrics.update(compute_data_metrics(batch))
@@ -732,14 +742,11 @@ class Trainer:
             metrics["perf/mfu/actor"] = mfu
         metrics["perf/max_memory_allocated_gb"] = peak_memory_gb(self.device)
         metrics["training/global_step"] = float(self.global_step)
-        metrics["training/epoch"] = float(self.sampler.epoch)
+        metrics["training/epoch"] = float(epoch)
         return metrics
 
     def _next_sampled(self, progress: Any) -> tuple[SampledStep, GenContext]:
         """This step's batch: the one prefetched during the previous step, else generated now."""
-        if self._prefetch_error is not None:
-            err, self._prefetch_error = self._prefetch_error, None
-            raise err
         if self._prefetched is not None:
             sampled, ctx = self._prefetched
             self._prefetched = None
@@ -765,10 +772,14 @@ class Trainer:
         return self._executor.submit(self.batcher.next_batch, self.sampler, gen, progress.on_round), ctx
 
     def _finish_prefetch(self, future: Future, ctx: GenContext) -> None:
-        try:
+        # exception() waits like result() (a KeyboardInterrupt during the wait propagates) but
+        # hands back the thread's own error: fit() raises it after logging this step and before
+        # validating or saving, so the last checkpoint stays consistent
+        err = future.exception()
+        if err is None:
             self._prefetched = (future.result(), ctx)
-        except BaseException as e:  # raised when the next step asks for its batch
-            self._prefetch_error = e
+        else:
+            self._prefetch_error = err
 
     def _peak_flops(self) -> float | None:
         """The device's promised peak; on a CPU, the best matmul FLOP/s measured once in this process."""

@@ -121,10 +121,11 @@ class FilterGroupsConfig:
     band: list[float] = field(default_factory=lambda: [0.0, 1.0])
     # move the band with training toward a target kept fraction
     adaptive_threshold: AdaptiveThresholdConfig = field(default_factory=AdaptiveThresholdConfig)
-    # ours: generate the next step's batch (every round of it) on a copy of the weights while this
-    # step's update runs, so generation and training overlap (a second core or device stream does
-    # the rollout); the prefetched groups are one policy update stale, within max_staleness.
-    # Costs one copy of the model's weights. Not with strategy verl (the recipe is sequential).
+    # ours: generate the next step's batch (every round of it) in a background thread on a copy
+    # of the weights while this step's update runs, so the two overlap on a CPU with a spare
+    # core (on one GPU they share the device's stream); the prefetched groups are one policy
+    # update stale, within max_staleness. Costs one copy of the model's weights; a graceful stop
+    # waits for the prefetch. Not with strategy verl (the recipe is sequential).
     prefetch: bool = False
 
 

@@ -145,8 +145,8 @@ def validate(cfg: Any) -> list[str]:
         )
         need(
             int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) == 1,
-            "algorithm.filter_groups.prefetch: single-process training only (the worker group "
-            "updates weights in other processes); set prefetch=false",
+            "algorithm.filter_groups.prefetch: one actor rank only (trainer.nnodes x "
+            "trainer.n_gpus_per_node must be 1); set prefetch=false",
         )
     if fg.enable and fg.metric and fg.metric not in known_metrics and not cfg.custom_reward_function.path:
         p.append(

@@ -417,6 +417,7 @@ class DynamicBatcher:
                     "kept_rate_estimate": self.kept_rate,
                 },
             )
+        carried = len(self.pool)
         groups = self.pool + fresh  # oldest first: carried groups are used before they expire
         if exhausted == "skip" or (exhausted == "train" and not groups):
             if cfg.carry_over:
@@ -431,7 +432,7 @@ class DynamicBatcher:
         else:
             st.surplus_dropped += len(rest)
             self.pool = []
-        st.carried_in = sum(1 for g in take if g.version < self._gen_version)
+        st.carried_in = min(carried, len(take))
         batch = Batch.concat([g.batch for g in take])
         return SampledStep(self._with_staleness(batch, self.version), "train")
 
