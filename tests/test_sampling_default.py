@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from dapo import checkpoint
 from dapo.config.sampling import AdaptiveThresholdConfig, FilterGroupsConfig, SkipConfig
 from dapo.sampling import DynamicBatcher, GenerationBudgetExhausted
 from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows, scripted
@@ -145,7 +146,11 @@ def test_state_dict_round_trip_gives_identical_continuation():
     b, src, gen = _run(c, 0)
     for _ in range(5):
         b.next_batch(src, gen)
-    state = json.loads(json.dumps(b.state_dict()))  # JSON-able
+    # what a checkpoint does with it: tensors to a binary file, the rest through JSON
+    tensors: dict = {}
+    plain = checkpoint._extract(b.state_dict(), {}, tensors, "")
+    assert tensors  # the pool's batches
+    state = checkpoint._insert(json.loads(json.dumps(plain)), {}, tensors)
     src_state = src.state_dict()
     gen_rng = copy.deepcopy(gen.rng)
     assert state["pool"] or state["history"]

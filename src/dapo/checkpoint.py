@@ -43,6 +43,8 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 
 _STEP_RE = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
 _GEN_TAG = "__torch_generator__"
+_TENSOR_TAG = "__torch_tensor__"
+TENSORS_FILE = "trainer_tensors.pt"
 
 
 class CheckpointError(RuntimeError):
@@ -144,7 +146,9 @@ def save_checkpoint(
     """Write ``<run_dir>/global_step_<step>/`` atomically, then ``latest_checkpointed_iteration.txt``.
 
     ``trainer_state`` must be JSON-able except for ``torch.Generator`` values (at any depth),
-    whose states go to ``rng_state.pt`` and come back as generators from :func:`load_checkpoint`.
+    whose states go to ``rng_state.pt`` and come back as generators from :func:`load_checkpoint`,
+    and ``torch.Tensor`` values (e.g. the dynamic-sampling pool's batches), which go to
+    ``trainer_tensors.pt`` (binary, not JSON number lists) and come back as tensors.
     ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep only the newest that many complete
     checkpoints; None or <= 0 keeps all. ``extra_writer(tmp_dir)`` writes more files (sharded
     worker state) into the checkpoint before its manifest. Returns the checkpoint directory.
@@ -168,8 +172,11 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "actor" / "scheduler.pt")
         generators: dict[str, torch.Generator] = {}
-        state_json = _extract_generators(dict(trainer_state or {}), generators, "")
+        tensors: dict[str, torch.Tensor] = {}
+        state_json = _extract(dict(trainer_state or {}), generators, tensors, "")
         torch.save(_capture_rng(generators), tmp / "rng_state.pt")
+        if tensors:
+            torch.save(tensors, tmp / TENSORS_FILE)
         (tmp / "trainer_state.json").write_text(
             json.dumps({"global_step": int(step), **state_json}, default=_json_default)
         )
@@ -263,14 +270,18 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"trainer_state holds a {type(v).__name__}, which is not JSON-able")
 
 
-def _extract_generators(obj: Any, out: dict[str, torch.Generator], path: str) -> Any:
+def _extract(obj: Any, gens: dict[str, torch.Generator], tensors: dict[str, torch.Tensor], path: str) -> Any:
+    """``obj`` with generators and tensors replaced by tags naming where they were taken from."""
     if isinstance(obj, torch.Generator):
-        out[path] = obj
+        gens[path] = obj
         return {_GEN_TAG: path}
+    if isinstance(obj, torch.Tensor):
+        tensors[path] = obj.detach().cpu()
+        return {_TENSOR_TAG: path}
     if isinstance(obj, Mapping):
-        return {k: _extract_generators(v, out, f"{path}/{k}") for k, v in obj.items()}
+        return {k: _extract(v, gens, tensors, f"{path}/{k}") for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_extract_generators(v, out, f"{path}/{i}") for i, v in enumerate(obj)]
+        return [_extract(v, gens, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
     return obj
 
 
@@ -371,7 +382,9 @@ def load_checkpoint(
         gen.set_state(g["state"])
         restored[key] = gen
     state = json.loads((path / "trainer_state.json").read_text())
-    state = _insert_generators(state, restored, "")
+    tfile = path / TENSORS_FILE
+    tensors = torch.load(tfile, map_location="cpu", weights_only=True) if tfile.exists() else {}
+    state = _insert(state, restored, tensors)
     for key, live in (generators or {}).items():
         k = key if key.startswith("/") else f"/{key}"
         if k not in restored:
@@ -384,13 +397,15 @@ def _device_ok(device: str) -> bool:
     return device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available())
 
 
-def _insert_generators(obj: Any, gens: Mapping[str, torch.Generator], path: str) -> Any:
+def _insert(obj: Any, gens: Mapping[str, torch.Generator], tensors: Mapping[str, torch.Tensor]) -> Any:
     if isinstance(obj, dict):
         if set(obj) == {_GEN_TAG}:
             return gens[obj[_GEN_TAG]]
-        return {k: _insert_generators(v, gens, f"{path}/{k}") for k, v in obj.items()}
+        if set(obj) == {_TENSOR_TAG}:
+            return tensors[obj[_TENSOR_TAG]]
+        return {k: _insert(v, gens, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_insert_generators(v, gens, f"{path}/{i}") for i, v in enumerate(obj)]
+        return [_insert(v, gens, tensors) for v in obj]
     return obj
 
 

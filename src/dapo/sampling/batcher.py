@@ -549,7 +549,8 @@ class DynamicBatcher:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed for an exact resume. JSON-able when the rows' non-tensor values are."""
+        """Everything needed for an exact resume: JSON-able apart from the pool's tensors (which a
+        checkpoint stores in a binary file) when the rows' non-tensor values are."""
         return {
             "version": self.version,
             "calls": self.calls,
@@ -586,22 +587,21 @@ def _plain(v: Any) -> Any:
 
 
 def batch_to_state(b: Batch) -> dict[str, Any]:
+    """A Batch as plain data: tensors stay tensors (checkpoints store them in a binary file),
+    non-tensor columns become lists."""
     return {
-        "tensors": {
-            k: {
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "data": t.flatten().tolist(),
-            }
-            for k, t in b.tensors.items()
-        },
+        "tensors": {k: t.detach().cpu() for k, t in b.tensors.items()},
         "non_tensors": {k: [_plain(x) for x in v.tolist()] for k, v in b.non_tensors.items()},
     }
 
 
 def batch_from_state(d: dict[str, Any]) -> Batch:
-    tensors = {
-        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
-        for k, t in d["tensors"].items()
-    }
+    tensors = {k: _tensor_from_state(t) for k, t in d["tensors"].items()}
     return Batch(tensors=tensors, non_tensors={k: list(v) for k, v in d["non_tensors"].items()})
+
+
+def _tensor_from_state(t: Any) -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        return t
+    # the earlier JSON form: {"dtype", "shape", "data"}
+    return torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
