@@ -324,3 +324,15 @@ def test_prefetch_lag_counts_the_update_in_flight(max_staleness):
     assert seen == set(range(1, max_staleness + 1))  # carried groups do get used
     if max_staleness == 1:
         assert dropped > 0  # a surplus group would be 2 stale by the next step
+
+
+def test_pool_batches_saved_as_json_lists_by_earlier_checkpoints_still_load():
+    from dapo.sampling.batcher import batch_from_state
+
+    old = {
+        "tensors": {"responses": {"dtype": "int64", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]}},
+        "non_tensors": {"uid": ["g0", "g0"]},
+    }
+    b = batch_from_state(old)
+    assert torch.equal(b.tensors["responses"], torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    assert b.non_tensors["uid"].tolist() == ["g0", "g0"]
