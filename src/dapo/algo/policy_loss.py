@@ -124,7 +124,10 @@ def _global_batch_info(config: Any) -> dict:
     return dict(info) if info else {}
 
 
-def _agg(loss_mat, mask, mode, config):
+def _agg(loss_mat, mask, mode, config, rollout_is_weights=None):
+    """agg_loss of the per-token losses, each weighted by its rollout IS weight when given."""
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=mode, **_global_batch_info(config))
 
 
@@ -175,9 +178,7 @@ def compute_policy_loss_vanilla(
     pg_clipfrac_lower = masked_mean(((loss_ppo > loss_dual) & negative).float(), response_mask)
     pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)
 
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config)
+    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {
         "actor/pg_clipfrac": _float(pg_clipfrac),
         "actor/ppo_kl": _float(ppo_kl),
@@ -212,9 +213,7 @@ def compute_policy_loss_gspo(
     loss_unclipped = -advantages * s
     loss_clipped = -advantages * torch.clamp(s, 1 - eps_low, 1 + eps_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config)
+    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
 
     pg_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
@@ -300,9 +299,7 @@ def compute_policy_loss_cispo(
     pg_losses = -clipped_ratio.detach() * advantages * log_prob
     pg_clipfrac = masked_mean((ratio != clipped_ratio).float(), response_mask)
 
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config)
+    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {
         "actor/pg_clipfrac": _float(pg_clipfrac),
         "actor/ppo_kl": _float(ppo_kl),
@@ -358,9 +355,7 @@ def compute_policy_loss_clip_cov(
     pg_clipfrac = masked_mean((keep == 0).float(), response_mask)
 
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config)
+    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {"actor/pg_clipfrac": _float(pg_clipfrac), "actor/ppo_kl": _float(ppo_kl)}
 
 
@@ -406,7 +401,5 @@ def compute_policy_loss_kl_cov(
         penalised = penalised.reshape(valid.shape)
     pg_losses = torch.where(penalised, loss_pg_kl, loss_pg)
 
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config)
+    pg_loss = _agg(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {"actor/ppo_kl": _float(ppo_kl_abs)}
