@@ -64,14 +64,19 @@ def all_problems() -> list[Problem]:
     return out
 
 
-def split_problems(seed: int = 0, test_fraction: float = 0.2) -> tuple[list[Problem], list[Problem]]:
-    """A deterministic train/test split, disjoint by problem."""
+def split_by_fraction(items: list, seed: int, test_fraction: float) -> tuple[list, list]:
+    """A deterministic train/test split: each item goes to test with probability ``test_fraction``."""
     rng = random.Random(seed)
-    train: list[Problem] = []
-    test: list[Problem] = []
-    for p in all_problems():
+    train: list = []
+    test: list = []
+    for p in items:
         (test if rng.random() < test_fraction else train).append(p)
     return train, test
+
+
+def split_problems(seed: int = 0, test_fraction: float = 0.2) -> tuple[list[Problem], list[Problem]]:
+    """A deterministic train/test split, disjoint by problem."""
+    return split_by_fraction(all_problems(), seed, test_fraction)
 
 
 def sample_problems(pool: list[Problem], count: int, seed: int) -> list[Problem]:
@@ -102,17 +107,16 @@ def write_task(
     out_dir: str | Path, train_size: int = 1200, test_size: int = 256, seed: int = 0
 ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns their paths."""
-    from dapo.data.parquet import write_rows
+    from dapo.data.parquet import write_train_test
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train_pool, test_pool = split_problems(seed)
     train = sample_problems(train_pool, train_size, seed + 1)
     test = sample_problems(test_pool, test_size, seed + 2)
-    train_path, test_path = out / "train.parquet", out / "test.parquet"
-    write_rows(train_path, [to_row(p, "train", i) for i, p in enumerate(train)])
-    write_rows(test_path, [to_row(p, "test", i) for i, p in enumerate(test)])
-    return train_path, test_path
+    return write_train_test(
+        out_dir,
+        [to_row(p, "train", i) for i, p in enumerate(train)],
+        [to_row(p, "test", i) for i, p in enumerate(test)],
+    )
 
 
 def task_fingerprint(train_size: int = 1200, test_size: int = 256, seed: int = 0) -> str:

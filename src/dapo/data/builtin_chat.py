@@ -91,12 +91,9 @@ def all_problems() -> list[ChatProblem]:
 
 def split_problems(seed: int = 0, test_fraction: float = 0.2) -> tuple[list[ChatProblem], list[ChatProblem]]:
     """A deterministic train/test split, disjoint by problem (``a op b``)."""
-    rng = random.Random(seed)
-    train: list[ChatProblem] = []
-    test: list[ChatProblem] = []
-    for p in all_problems():
-        (test if rng.random() < test_fraction else train).append(p)
-    return train, test
+    from dapo.data.builtin import split_by_fraction
+
+    return split_by_fraction(all_problems(), seed, test_fraction)
 
 
 def sample_problems(pool: list[ChatProblem], count: int, seed: int) -> list[ChatProblem]:
@@ -135,20 +132,15 @@ def write_chat_task(
     out_dir: str | Path, train_size: int = 2000, test_size: int = 128, seed: int = 0
 ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns their paths."""
-    from dapo.data.parquet import write_rows
+    from dapo.data.parquet import write_train_test
 
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     train_pool, test_pool = split_problems(seed)
     rng = random.Random(seed + 3)
     rows = {}
     for split, pool, size, s in (("train", train_pool, train_size, 1), ("test", test_pool, test_size, 2)):
         probs = sample_problems(pool, size, seed + s)
         rows[split] = [to_row(p, split, i, rng.randrange(1 << 16)) for i, p in enumerate(probs)]
-    train_path, test_path = out / "train.parquet", out / "test.parquet"
-    write_rows(train_path, rows["train"])
-    write_rows(test_path, rows["test"])
-    return train_path, test_path
+    return write_train_test(Path(out_dir).expanduser(), rows["train"], rows["test"])
 
 
 def has_answer_line(text: str) -> bool:

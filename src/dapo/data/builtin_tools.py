@@ -53,17 +53,16 @@ def write_tool_task(
     out_dir: str | Path, train_size: int = 3000, test_size: int = 128, seed: int = 0
 ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``test.parquet`` (disjoint problems) under ``out_dir``."""
-    from dapo.data.parquet import write_rows
+    from dapo.data.parquet import write_train_test
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train_pool, test_pool = split_problems(seed)
     train = tool_problems(train_pool, train_size, seed + 11)
     test = tool_problems(test_pool, test_size, seed + 12)
-    train_path, test_path = out / "train.parquet", out / "test.parquet"
-    write_rows(train_path, [to_tool_row(p, "train", i) for i, p in enumerate(train)])
-    write_rows(test_path, [to_tool_row(p, "test", i) for i, p in enumerate(test)])
-    return train_path, test_path
+    return write_train_test(
+        out_dir,
+        [to_tool_row(p, "train", i) for i, p in enumerate(train)],
+        [to_tool_row(p, "test", i) for i, p in enumerate(test)],
+    )
 
 
 def tool_task_fingerprint(train_size: int = 3000, test_size: int = 128, seed: int = 0) -> str:

@@ -27,6 +27,18 @@ def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
     pq.write_table(table, str(path))
 
 
+def write_train_test(
+    out_dir: str | Path, train_rows: list[dict[str, Any]], test_rows: list[dict[str, Any]]
+) -> tuple[Path, Path]:
+    """``train.parquet`` and ``test.parquet`` under ``out_dir`` (created); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_path, test_path = out / "train.parquet", out / "test.parquet"
+    write_rows(train_path, train_rows)
+    write_rows(test_path, test_rows)
+    return train_path, test_path
+
+
 def read_rows(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
     """All rows of a verl parquet file, checked for the columns training needs."""
     p = Path(path).expanduser()
