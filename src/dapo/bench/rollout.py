@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from typing import Any
 
 import torch
@@ -206,11 +205,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dapo bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    register(sub)
-    args = parser.parse_args(["rollout", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    from dapo.bench import run_standalone
+
+    return run_standalone("rollout", register, argv)
 
 
 if __name__ == "__main__":

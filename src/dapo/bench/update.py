@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import numpy as np
@@ -198,11 +197,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dapo bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    register(sub)
-    args = parser.parse_args(["update", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    from dapo.bench import run_standalone
+
+    return run_standalone("update", register, argv)
 
 
 if __name__ == "__main__":

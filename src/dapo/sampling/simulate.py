@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,11 +281,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dapo bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    register(sub)
-    args = parser.parse_args(["sampling", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    from dapo.bench import run_standalone
+
+    return run_standalone("sampling", register, argv)
 
 
 if __name__ == "__main__":
