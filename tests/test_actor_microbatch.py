@@ -22,21 +22,14 @@ def _settings(micro: int, mode: str, entropy_coeff: float = 0.0) -> ActorSetting
     return ActorSettings(
         ppo_mini_batch_size=8,
         ppo_micro_batch_size=micro,
-        ppo_epochs=1,
-        shuffle=False,
+        log_prob_micro_batch_size=8,
         data_loader_seed=0,
         grad_clip=1e9,
         temperature=0.7,
         loss_agg_mode=mode,
-        loss_scale_factor=None,
         policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-        loss_mode="vanilla",
         entropy_coeff=entropy_coeff,
-        calculate_entropy=False,
-        use_kl_loss=False,
         kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        log_prob_micro_batch_size=8,
     )
 
 

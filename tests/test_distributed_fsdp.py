@@ -37,21 +37,14 @@ def settings(mode: str = "token-mean", **kw) -> ActorSettings:
     base = ActorSettings(
         ppo_mini_batch_size=4,
         ppo_micro_batch_size=2,
+        log_prob_micro_batch_size=3,
         ppo_epochs=2,
         shuffle=True,
         data_loader_seed=3,
-        grad_clip=1.0,
         temperature=0.7,
         loss_agg_mode=mode,
-        loss_scale_factor=None,
         policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-        loss_mode="vanilla",
-        entropy_coeff=0.0,
-        calculate_entropy=False,
-        use_kl_loss=False,
         kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        log_prob_micro_batch_size=3,
     )
     return dataclasses.replace(base, **kw)
 

@@ -12,7 +12,7 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,31 +24,37 @@ from dapo.algo.agg import agg_loss, compute_global_batch_info
 from dapo.algo.kl import kl_penalty
 from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
 from dapo.batch import Batch
+from dapo.config.schema import ActorConfig, RolloutConfig
+
+_A = ActorConfig  # verl's defaults, from the config schema
 
 
 @dataclass
 class ActorSettings:
+    """The actor's numbers (``actor_settings_from_config`` fills them from a config); every field
+    but the batch sizes defaults to verl's actor default."""
+
     ppo_mini_batch_size: int  # trajectories (prompts x n)
     ppo_micro_batch_size: int  # trajectories
-    ppo_epochs: int
-    shuffle: bool
-    data_loader_seed: int
-    grad_clip: float
-    temperature: float
-    loss_agg_mode: str
-    loss_scale_factor: float | None
-    policy_loss: PolicyLossConfig
-    loss_mode: str
-    entropy_coeff: float
-    calculate_entropy: bool
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
     log_prob_micro_batch_size: int
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = _A.ppo_epochs
+    shuffle: bool = _A.shuffle
+    data_loader_seed: int = _A.data_loader_seed
+    grad_clip: float = _A.grad_clip
+    temperature: float = RolloutConfig.temperature
+    loss_agg_mode: str = _A.loss_agg_mode
+    loss_scale_factor: float | None = _A.loss_scale_factor
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_mode: str = "vanilla"
+    entropy_coeff: float = _A.entropy_coeff
+    calculate_entropy: bool = _A.calculate_entropy
+    use_kl_loss: bool = _A.use_kl_loss
+    kl_loss_coef: float = _A.kl_loss_coef
+    kl_loss_type: str = _A.kl_loss_type
+    use_dynamic_bsz: bool = _A.use_dynamic_bsz
+    ppo_max_token_len_per_gpu: int = _A.ppo_max_token_len_per_gpu
+    log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
     use_remove_padding: bool = False
 
     def log_prob_kwargs(self) -> dict[str, Any]:
