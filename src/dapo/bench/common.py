@@ -66,21 +66,18 @@ def interleaved(
 
 def qwen2_100m_config(vocab_size: int = 32000, pad_id: int = 0, eos_id: int = 2):
     """A ~100M-parameter Qwen2 shape (12 layers, hidden 768, GQA 12/4 heads, tied 32k vocab)."""
-    from transformers import Qwen2Config
+    from dapo.model.tiny import tiny_config
 
-    return Qwen2Config(
-        vocab_size=vocab_size,
+    return tiny_config(
+        vocab_size,
+        pad_id,
+        eos_id,
         hidden_size=768,
-        intermediate_size=2048,
         num_hidden_layers=12,
+        intermediate_size=2048,
         num_attention_heads=12,
         num_key_value_heads=4,
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        bos_token_id=None,
-        rope_theta=10000.0,
     )
 
 
