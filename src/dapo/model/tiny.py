@@ -165,10 +165,7 @@ def build_tiny_model(
     train, _ = split_problems(seed=0)
     by_tier = {t: [p for p in train if p.tier == t] for t in TIER_WEIGHTS}
     tiers, weights = list(by_tier), [TIER_WEIGHTS[t] for t in by_tier]
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps)
-    )
+    opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=50)
     model.train()
     t0 = time.time()
     for step in range(steps):
@@ -176,11 +173,7 @@ def build_tiny_model(
         # the algorithm is learnt from clean targets first; the noisy tail spreads the answers
         ids, labels, attn = _sft_batch(tok, probs, rng, clean=step < CLEAN_FRACTION * steps)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        sft_step(model, loss, opt, sched)
         if (step + 1) % 100 == 0:
             log(f"  warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
         if on_checkpoint is not None and (step + 1) % 200 == 0:
@@ -194,6 +187,24 @@ def build_tiny_model(
         "target_accuracy": TARGET_ACCURACY,
         "seconds": round(time.time() - t0, 1),
     }
+
+
+def sft_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup: int):
+    """AdamW with a linear warm-up over ``warmup`` steps and a linear decay to 5% at ``steps``."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps)
+    )
+    return opt, sched
+
+
+def sft_step(model: torch.nn.Module, loss: torch.Tensor, opt, sched) -> None:
+    """One warm-start update: backward, clip the gradient norm at 1, step the optimizer and LR."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
 
 
 def _sft_batch(tok, problems: list[Problem], rng: random.Random, clean: bool = False):

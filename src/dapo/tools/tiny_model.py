@@ -202,7 +202,7 @@ def build_tiny_tool_model(
     from dapo.data.builtin import split_problems
     from dapo.data.builtin_tools import tool_problems
     from dapo.model.loader import load_tokenizer
-    from dapo.model.tiny import tiny_config
+    from dapo.model.tiny import sft_optimizer, sft_step, tiny_config
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -217,10 +217,7 @@ def build_tiny_tool_model(
     model = Qwen2ForCausalLM(config)
     train, _ = split_problems(seed=0)
     pool = tool_problems(train, 20000, seed + 5)
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps)
-    )
+    opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=30)
     model.train()
     t0 = time.time()
     for step in range(steps):
@@ -234,11 +231,7 @@ def build_tiny_tool_model(
         if SHORT_DRILLS:
             drills = [short_copy_drill(render, rng) for _ in range(SHORT_DRILLS)]
             loss = loss + _weighted_nll(model, drills, tok.pad_token_id)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        sft_step(model, loss, opt, sched)
         if (step + 1) % 50 == 0:
             log(f"  tool warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
     model.save_pretrained(out_dir, safe_serialization=True)
