@@ -6,6 +6,7 @@ import pytest
 
 from dapo.cli import main
 from dapo.data.builtin import write_task
+from runs import train_args
 
 
 @pytest.fixture(scope="module")
@@ -15,24 +16,7 @@ def user_data(tmp_path_factory):
 
 def _train(tmp_path, model_dir, train, test, *extra):
     run_dir = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            f"data.train_files={train}",
-            f"data.val_files={test}",
-            f"actor_rollout_ref.model.path={model_dir}",
-            f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=2",
-            "trainer.torch_threads=1",
-            "data.train_batch_size=4",
-            "data.gen_batch_size=8",
-            "actor_rollout_ref.rollout.n=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.rollout.val_kwargs.n=2",
-            *extra,
-        ]
-    )
+    rc = main(train_args(run_dir, model_dir, train, test, 2, *extra))
     return rc, run_dir
 
 

@@ -12,8 +12,6 @@ surplus kept groups are carried over between steps.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import signal
 import subprocess
@@ -24,79 +22,28 @@ import pytest
 import torch
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from runs import live_rows, metrics_by_step, small_run_args, subprocess_env
 
 torch.set_num_threads(1)
-
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    acc = sum(map(ord, solution_str)) % 3 == 0
-    return {"score": 1.0 if acc else 0.0, "acc": acc}
-"""
-
-# metrics that measure wall time or memory, which no two runs share
-VOLATILE = re.compile(r"^timing_|^perf/(?!total_num_tokens)|time|memory|throughput|mfu")
 
 STEPS = 6
 KILL_AFTER = 3
 
 
-@pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume_task")
-    train, test = write_task(d / "data", train_size=64, test_size=8)
-    reward = d / "reward.py"
-    reward.write_text(REWARD)
-    return train, test, reward
-
-
-def _args(run_dir, model_dir, task, *extra):
-    train, test, reward = task
-    return [
-        "train",
-        f"data.train_files={train}",
-        f"data.val_files={test}",
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.torch_threads=1",
-        "trainer.logger=[console,jsonl]",
-        "trainer.val_before_train=false",
+def _args(run_dir, model_dir, mod3_task, *extra):
+    return small_run_args(
+        run_dir,
+        model_dir,
+        mod3_task,
+        STEPS,
         "trainer.save_freq=1",
-        "data.train_batch_size=4",
-        "data.gen_batch_size=8",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.val_kwargs.n=2",
-        "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.carry_over=true",
-        f"custom_reward_function.path={reward}",
         *extra,
-    ]
-
-
-def _metrics_by_step(run_dir):
-    """The last row logged for each step (a killed run may have logged a step it did not checkpoint)."""
-    rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows[row["step"]] = {k: v for k, v in row.items() if not VOLATILE.search(k)}
-    return rows
+    )
 
 
 def _logged_steps(run_dir):
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return set()
-    steps = set()
-    for line in lines:
-        try:
-            steps.add(json.loads(line)["step"])
-        except ValueError:  # a line being written
-            pass
-    return steps
+    return {r["step"] for r in live_rows(run_dir)}
 
 
 def _latest(run_dir):
@@ -112,13 +59,6 @@ def _final_weights(run_dir):
     return load_file(str(run_dir / "final_model" / "model.safetensors"))
 
 
-def _subprocess_env():
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 # prefetch: each step's batch is generated in a background thread while the previous step
 # trains, and a checkpoint holds the batch prefetched for the next step
 PREFETCH = ["algorithm.filter_groups.prefetch=true", "algorithm.filter_groups.max_staleness=2"]
@@ -126,11 +66,11 @@ PREFETCH = ["algorithm.filter_groups.prefetch=true", "algorithm.filter_groups.ma
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], PREFETCH], ids=["sequential", "prefetch"])
-def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir, task, extra):
+def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir, mod3_task, extra):
     # 1. six steps straight
     straight = tmp_path / "straight"
-    assert main(_args(straight, tiny_random_model_dir, task, *extra)) == 0
-    want = _metrics_by_step(straight)
+    assert main(_args(straight, tiny_random_model_dir, mod3_task, *extra)) == 0
+    want = metrics_by_step(straight)
     assert sorted(want) == list(range(1, STEPS + 1))
     carried = sum(want[s].get("dynamic_sampling/carried_in", 0) for s in want)
     filtered = sum(want[s].get("dynamic_sampling/filtered_groups", 0) for s in want)
@@ -140,8 +80,8 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
 
     # 2. the same command in a subprocess, SIGKILLed once the step-3 checkpoint is complete
     resumed = tmp_path / "resumed"
-    cmd = [sys.executable, "-m", "dapo.cli", *_args(resumed, tiny_random_model_dir, task, *extra)]
-    env = _subprocess_env()
+    cmd = [sys.executable, "-m", "dapo.cli", *_args(resumed, tiny_random_model_dir, mod3_task, *extra)]
+    env = subprocess_env()
     log = (tmp_path / "killed.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 45
@@ -175,7 +115,7 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
     # 3. the same command again resumes (trainer.resume_mode=auto) and finishes
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    got = _metrics_by_step(resumed)
+    got = metrics_by_step(resumed)
     assert sorted(got) == list(range(1, STEPS + 1))
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["steps"] == STEPS
@@ -191,11 +131,11 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
 
 
 @pytest.mark.slow
-def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, task):
+def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, mod3_task):
     from dapo.checkpoint import MANIFEST, find_resume_checkpoint, is_complete
 
     run = tmp_path / "run"
-    assert main(_args(run, tiny_random_model_dir, task, "trainer.total_training_steps=2")) == 0
+    assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=2")) == 0
     good = run / "global_step_2"
     assert is_complete(good) and _latest(run) == 2, "trainer.save_freq=1 must write complete checkpoints"
     # a step-3 directory cut off mid-write (its model written, manifest and the rest missing),
@@ -211,7 +151,7 @@ def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model
     # the trainer resumes from step 2 (not the broken 3), trains step 3 and replaces the broken dir
     n_rows = len((run / "metrics.jsonl").read_text().splitlines())
     with pytest.warns(UserWarning, match="incomplete"):
-        assert main(_args(run, tiny_random_model_dir, task, "trainer.total_training_steps=3")) == 0
+        assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=3")) == 0
     new_steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()[n_rows:]]
     assert new_steps == [3]
     assert is_complete(bad) and _latest(run) == 3

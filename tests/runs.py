@@ -1,0 +1,97 @@
+"""Shared pieces of the resume tests: the reward (conftest's ``mod3_task`` fixture writes it),
+the small `dapo train` command line, and reading a run's metrics.jsonl (finished or still being
+written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+# a deterministic function of the response text that a random tiny model passes about a third
+# of the time, so groups have spread, some are filtered and surplus groups are carried over
+MOD3_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    acc = sum(map(ord, solution_str)) % 3 == 0
+    return {"score": 1.0 if acc else 0.0, "acc": acc}
+"""
+
+# metrics that measure wall time or memory, which no two runs share
+VOLATILE = re.compile(r"^timing_|^perf/(?!total_num_tokens)|time|memory|throughput|mfu")
+
+
+# 4 prompts x 4 samples a step, 2 validation samples per problem
+SMALL_BATCH = (
+    "data.train_batch_size=4",
+    "data.gen_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.val_kwargs.n=2",
+)
+
+
+def train_args(run_dir, model_dir, train, test, steps: int, *extra: str) -> list[str]:
+    """`dapo train` of ``model_dir`` on the given parquet files, small batches, one torch thread."""
+    return [
+        "train",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.torch_threads=1",
+        *SMALL_BATCH,
+        *extra,
+    ]
+
+
+def small_run_args(run_dir, model_dir, task, steps: int, *extra: str) -> list[str]:
+    """``train_args`` on a ``mod3_task`` with dynamic sampling on, logging to jsonl."""
+    train, test, reward = task
+    return train_args(
+        run_dir,
+        model_dir,
+        train,
+        test,
+        steps,
+        "trainer.logger=[console,jsonl]",
+        "trainer.val_before_train=false",
+        "algorithm.filter_groups.enable=true",
+        f"custom_reward_function.path={reward}",
+        *extra,
+    )
+
+
+def live_rows(run_dir: Path) -> list[dict]:
+    """The rows logged so far by a run that may still be writing (a partial last line is skipped)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            pass
+    return out
+
+
+def metrics_by_step(run_dir: Path) -> dict[int, dict]:
+    """A finished run's last row per step (a killed run may have logged a step it did not
+    checkpoint), without the volatile keys."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows[row["step"]] = {k: v for k, v in row.items() if not VOLATILE.search(k)}
+    return rows
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for `python -m dapo.cli` in a child process: this checkout's src first."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return env
