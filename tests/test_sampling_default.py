@@ -307,12 +307,11 @@ def test_prefetch_lag_counts_the_update_in_flight(max_staleness):
     # trains it, so fresh groups are 1 stale and carried ones expire one step earlier
     b, src, gen = _surplus_heavy(max_staleness)
     b.next_batch(src, gen)  # the first step is generated before any update (lag 0)
-    b.lag = 1
     seen = set()
     dropped = 0
     for _ in range(12):
         weights_version = b.version - 1  # the update in flight has not landed on the generator
-        s = b.next_batch(src, gen)
+        s = b.next_batch(src, gen, lag=1)
         trained_at = b.version - 1  # updates done when this batch is trained
         gen_versions = [int(v) for v in s.batch.non_tensors["gen_version"].tolist()]
         stale = s.batch.non_tensors["staleness"].tolist()

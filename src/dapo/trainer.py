@@ -754,7 +754,6 @@ class Trainer:
                 self.timer.raw[k] = self.timer.raw.get(k, 0.0) + v
             return sampled, ctx
         self._sync_rollout_weights()
-        self.batcher.lag = 0
         ctx = GenContext(timer=self.timer)
         sampled = self.batcher.next_batch(
             self.sampler, partial(self._generate_and_score, ctx=ctx), on_round=progress.on_round
@@ -766,10 +765,11 @@ class Trainer:
         if self._executor is None or self.global_step >= self.total_training_steps:
             return None
         self._sync_rollout_weights()
-        self.batcher.lag = 1
         ctx = GenContext()
         gen = partial(self._generate_and_score, ctx=ctx)
-        return self._executor.submit(self.batcher.next_batch, self.sampler, gen, progress.on_round), ctx
+        return self._executor.submit(
+            self.batcher.next_batch, self.sampler, gen, progress.on_round, lag=1
+        ), ctx
 
     def _finish_prefetch(self, future: Future, ctx: GenContext) -> None:
         # exception() waits like result() (a KeyboardInterrupt during the wait propagates) but

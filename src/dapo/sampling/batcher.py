@@ -84,6 +84,7 @@ class _Group:
 
 @dataclass
 class _Stats:
+    gen_version: int  # the policy version of the weights generating this step's groups
     rounds: int = 0
     generated_groups: int = 0
     generated_tokens: float = 0.0
@@ -183,9 +184,6 @@ class DynamicBatcher:
         self.seed = int(seed)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self.version = 0  # policy updates so far (steps whose action was "train")
-        # policy updates still to come between generation and use: 1 when the trainer generates a
-        # step's batch while the previous step's update runs (algorithm.filter_groups.prefetch)
-        self.lag = 0
         self.calls = 0  # next_batch calls so far
         self.uid_counter = 0
         self.pool: list[_Group] = []
@@ -208,9 +206,13 @@ class DynamicBatcher:
         source: PromptSource,
         generate: GenerateFn,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        lag: int = 0,
     ) -> SampledStep:
+        """One training step's batch. ``lag``: policy updates that will land between generation and
+        training; 1 when the trainer generates while the previous step's update runs
+        (``algorithm.filter_groups.prefetch``), so those groups count as one update stale."""
         self.calls += 1
-        st = _Stats()
+        st = _Stats(gen_version=self.version - lag)
         if not self.cfg.enable:
             step = self._step_unfiltered(source, generate, st, on_round)
         elif self.cfg.strategy == "verl":
@@ -225,11 +227,6 @@ class DynamicBatcher:
 
     # ------------------------------------------------------------------ helpers
 
-    @property
-    def _gen_version(self) -> int:
-        """The version of the weights generating now (``lag`` updates behind the one trained next)."""
-        return self.version - self.lag
-
     def _generate(self, rows: list[dict], generate: GenerateFn, st: _Stats) -> Batch:
         b = generate(rows)
         if len(b) != len(rows) * self.n:
@@ -242,7 +239,7 @@ class DynamicBatcher:
             uids[i * self.n : (i + 1) * self.n] = f"g{self.uid_counter}"
             self.uid_counter += 1
         b["uid"] = uids
-        b["gen_version"] = np.full(len(b), self._gen_version, dtype=object)
+        b["gen_version"] = np.full(len(b), st.gen_version, dtype=object)
         if "index" not in b.non_tensors:
             idx = np.empty(len(b), dtype=object)
             for i, r in enumerate(rows):
@@ -403,7 +400,7 @@ class DynamicBatcher:
                 if idx is not None:
                     self.history.record(idx, filtered=not o.kept, mean=o.mean)
                 if o.kept:
-                    fresh.append(_Group(b.select(o.rows), self._gen_version, idx))
+                    fresh.append(_Group(b.select(o.rows), st.gen_version, idx))
                     kept_now += 1
             have += kept_now
             self._adapt(len(rows), kept_now)
