@@ -50,6 +50,79 @@ def test_math_dapo_strict_box_mode():
     assert math_dapo.compute_score("\\boxed{42", "42")["pred"] == "[INVALID]"
 
 
+# verl 0.9.1's quirks, kept by default, and the keys that fix two of them. Each vector is
+# worked out by hand from verl's math_dapo source.
+def test_math_dapo_strict_box_without_a_box_gives_pred_none():
+    for text in ("the answer is 42", "so \\boxed{42"):
+        assert math_dapo.compute_score(text, "42", strict_box_verify=True) == {
+            "score": -1.0,
+            "acc": False,
+            "pred": None,
+        }
+
+
+def test_math_dapo_int_ground_truth_verl_default():
+    # strict: "5" == 5 is False in verl, so a right box scores -1 with pred "5"
+    assert math_dapo.compute_score("so \\boxed{5}", 5, strict_box_verify=True) == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "5",
+    }
+    # default path: verl calls 5.split and fails; here a TypeError that names the fix
+    with pytest.raises(TypeError, match="ground_truth_as_str"):
+        math_dapo.compute_score("Answer: 5", 5)
+    with pytest.raises(TypeError, match="ground_truth_as_str"):
+        default_compute_score("math_dapo", "\\boxed{5}", 5)
+
+
+def test_math_dapo_int_ground_truth_as_str():
+    on = {"ground_truth_as_str": True}
+    assert math_dapo.compute_score("so \\boxed{5}", 5, strict_box_verify=True, **on)["score"] == 1.0
+    assert math_dapo.compute_score("Answer: 5", 5, **on) == {"score": 1.0, "acc": True, "pred": "5"}
+    assert math_dapo.compute_score("\\boxed{5}", 5, **on) == {"score": 1.0, "acc": True, "pred": "5"}
+    assert math_dapo.compute_score("Answer: 6", 5, **on)["score"] == -1.0
+    # the key reaches the scorer through default_compute_score (reward_kwargs)
+    assert default_compute_score("math_dapo", "Answer: 5", 5, **on)["score"] == 1.0
+    # a string ground truth is unaffected
+    assert math_dapo.compute_score("Answer: 5", "5", **on) == math_dapo.compute_score("Answer: 5", "5")
+
+
+def test_math_dapo_pause_index_below_100():
+    text = "\\boxed{7} " + "y" * 60  # 70 characters, the box in the first 9
+    pause = [0, 0, 0, 40]  # verl: text[40 - 100:] = text[-60:] = the 60 y's, no box
+    assert math_dapo.compute_score(text, "7", strict_box_verify=True, pause_tokens_index=pause) == {
+        "score": -1.0,
+        "acc": False,
+        "pred": None,
+    }
+    # the default path has no "Answer:" and its boxed fallback searches the same window
+    assert math_dapo.compute_score(text, "7", pause_tokens_index=pause) == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "[INVALID]",
+    }
+    clamp = {"clamp_pause_window": True}  # text[0:]: the box is found
+    assert math_dapo.compute_score(text, "7", strict_box_verify=True, pause_tokens_index=pause, **clamp) == {
+        "score": 1.0,
+        "acc": True,
+        "pred": "7",
+    }
+    assert math_dapo.compute_score(text, "7", pause_tokens_index=pause, **clamp)["pred"] == "7"
+    assert math_dapo.pause_window_start(40) == -60 and math_dapo.pause_window_start(40, clamp=True) == 0
+
+
+def test_math_dapo_pause_index_from_100_is_the_same_in_both_modes():
+    text = "a" * 120 + "\\boxed{7}" + "b" * 10  # the box at 120..128
+    for idx, expected in ((150, 1.0), (100, 1.0), (230, -1.0)):  # 230: text[130:] holds no box
+        for clamp in (False, True):
+            out = math_dapo.compute_score(
+                text, "7", strict_box_verify=True, pause_tokens_index=[0, 0, 0, idx], clamp_pause_window=clamp
+            )
+            assert out["score"] == expected
+    with pytest.raises(ValueError, match="4 indices"):
+        math_dapo.compute_score(text, "7", strict_box_verify=True, pause_tokens_index=[150])
+
+
 @pytest.mark.parametrize(
     ("solution", "method", "expected"),
     [
