@@ -215,3 +215,47 @@ def test_math_equiv_bounded_in_process_on_known_bombs():
     for text, expected in bombs.items():
         out, dt = _timed(math_equiv.compute_score, text, "1")
         assert out["score"] == expected and dt < 2.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "10^{999\\cdot999\\cdot999}",  # the exponent is an expression, not its first number
+        "2^{2^{2^{2^{2}}}}",
+        "(10^9)^(10^9)",
+        "2^{10^{400}+10^{385}-10^{400}}",  # float rounding would call this 2^0; intervals do not
+        "((10^{300}+1)^{1000}+1)^{1000}",  # every exponent small, the powers are not
+        "2^{x\\cdot 10^{9}}",  # sympy pulls 10^9 out of a symbolic exponent
+        "(10^{300}x)^{1000}",  # and distributes a power over a product
+        "(10^{-300})^{-1000}",
+        "1e99999999",  # a literal: sympy's Float alone takes minutes
+        "2^{1/(1-1)}",  # an exponent without a finite bound
+    ],
+)
+def test_exponent_guard_bounds_the_whole_exponent_expression(answer):
+    """Refused before sympy evaluates anything: the answer is compared as a string and is unequal."""
+    assert math_equiv._to_sympy(answer) is None
+    assert math_equiv.compute_score("\\boxed{" + answer + "}", "1") == {
+        "score": 0.0,
+        "acc": False,
+        "pred": math_equiv.normalize(answer),
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "gt"),
+    [
+        ("10^{1000}", "10^{1000}"),
+        ("2^{10}", "1024"),
+        ("2^{-3}", "0.125"),
+        ("(3-2)^{5}", "1"),
+        ("\\sqrt{2}^{2}", "2"),
+        ("3.5\\times 10^{3}", "3500"),
+        ("x^{n+1}", "x\\cdot x^{n}"),
+        ("\\frac{1}{x^{2}}", "x^{-2}"),
+        ("2^{x+1}", "2\\cdot 2^{x}"),
+    ],
+)
+def test_exponent_guard_keeps_ordinary_powers(answer, gt):
+    assert math_equiv._to_sympy(answer) is not None
+    assert math_equiv.compute_score("\\boxed{" + answer + "}", gt)["score"] == 1.0

@@ -10,8 +10,9 @@ Scores follow verl's ``math_reward``: 1.0 correct, 0.0 otherwise.
 
 LaTeX is converted by a small translator written here (sympy's ``parse_latex`` needs an
 ANTLR runtime that conflicts with hydra's pin). The translated text is checked against a
-whitelist of characters and names before sympy parses it, exponents are bounded, and
-answers longer than ``MAX_ANSWER_CHARS`` are compared as strings only. Symbolic
+whitelist of characters and names before sympy parses it, every constant exponent
+expression is bounded before sympy evaluates anything (``power_guard``), and answers
+longer than ``MAX_ANSWER_CHARS`` are compared as strings only. Symbolic
 simplification can still be slow on hostile input, so this scorer is *not* inline-safe:
 the reward pool runs it in a worker process with a wall-clock timeout.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from dapo.reward.scorers.power_guard import constant_powers_bounded
 from dapo.reward.scorers.math_dapo import (
     ANSWER_PATTERN,
     INVALID,
@@ -163,6 +165,9 @@ def _exponents_bounded(text: str) -> bool:
     return not re.search(r"\*\*[^+\-*/]*\*\*", text)
 
 
+_MAX_DIGITS = 10_000  # a constant power or literal beyond 10**±this is not evaluated
+
+
 def _to_sympy(answer: str):
     text = latex_to_sympy_text(answer)
     if text is None or len(text) > MAX_ANSWER_CHARS or not _exponents_bounded(text):
@@ -173,6 +178,7 @@ def _to_sympy(answer: str):
         implicit_multiplication_application,
         parse_expr,
         standard_transformations,
+        stringify_expr,
     )
 
     names = {
@@ -181,9 +187,24 @@ def _to_sympy(answer: str):
     names.update({"pi": sympy.pi, "oo": sympy.oo, "I": sympy.I, "E": sympy.E})
     transformations = standard_transformations + (implicit_multiplication_application, convert_xor)
     try:
+        code = stringify_expr(text, dict(names), _sympy_globals(), transformations)
+        if not constant_powers_bounded(code, _MAX_EXPONENT, _MAX_DIGITS):
+            return None
         return parse_expr(text, local_dict=names, transformations=transformations, evaluate=True)
     except Exception:
         return None
+
+
+def _sympy_globals() -> dict:
+    """The names parse_expr resolves by default (``from sympy import *``)."""
+    global _GLOBALS
+    if _GLOBALS is None:
+        _GLOBALS = {}
+        exec("from sympy import *", _GLOBALS)  # noqa: S102 - a fixed import, no input involved
+    return _GLOBALS
+
+
+_GLOBALS: dict | None = None
 
 
 def _split_top_level(s: str) -> list[str]:
