@@ -231,12 +231,17 @@ class ScoringConfig:
     auto: the built-in regex scorers run in-process, everything else in worker processes
     with a per-sample wall-clock timeout; process: everything in workers; inline: nothing.
     A failed or timed-out sample scores ``failure_score`` and is counted.
+    ``step_timeout_s`` bounds one step's worker scoring (null: no bound); samples without a
+    result by then count as timeouts. ``memory_limit_mb`` caps each worker's address space
+    (0: no cap).
     """
 
     mode: str = "auto"
     timeout_s: float = 10.0
     failure_score: float = -1.0
     num_workers: int | None = None
+    step_timeout_s: float | None = None
+    memory_limit_mb: float = 8192
 
 
 @dataclass

@@ -186,6 +186,14 @@ def validate(cfg: Any) -> list[str]:
         f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}",
     )
     need(sc.timeout_s > 0, f"reward_model.scoring.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
+    need(
+        sc.step_timeout_s is None or sc.step_timeout_s > 0,
+        f"reward_model.scoring.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}",
+    )
+    need(
+        sc.memory_limit_mb >= 0,
+        f"reward_model.scoring.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}",
+    )
     if objectives and cfg.custom_reward_function.path:
         p.append(
             "reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective"

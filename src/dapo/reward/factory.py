@@ -11,7 +11,8 @@ Keys read (defaults in brackets):
 * ``custom_reward_function.{path,name,reward_kwargs}`` [null, compute_score, {}].
 * ``reward_model.objectives`` [null]: a list of ``{name, weight: 1.0, path: null,
   function: compute_score, reward_kwargs: {}}``; ``path: null`` is the built-in router.
-* ``reward_model.scoring.{mode,timeout_s,failure_score,num_workers}`` [auto, 10.0, -1.0, null].
+* ``reward_model.scoring.{mode,timeout_s,failure_score,num_workers,step_timeout_s,memory_limit_mb}``
+  [auto, 10.0, -1.0, null, null, 8192].
 """
 
 from __future__ import annotations

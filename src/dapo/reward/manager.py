@@ -15,6 +15,9 @@ Safe scoring (``ScoringConfig.mode``):
 * ``process``: everything runs in worker processes.
 * ``inline``: everything runs in the trainer process: fastest, no hang protection.
 
+``step_timeout_s`` bounds one call's scoring in worker processes: what has no result by then
+is a timeout. ``memory_limit_mb`` caps each worker's address space.
+
 A failed sample (exception, timeout, dead worker) gets ``failure_score`` (default -1.0,
 no better than a wrong math_dapo answer, so a policy cannot profit from breaking the
 verifier), ``acc=False`` and ``pred="[TIMEOUT]"`` / ``"[ERROR]"``, and is counted in the
@@ -73,6 +76,14 @@ class ScoringConfig(schema.ScoringConfig):
             raise ValueError(f"reward_model.scoring.mode must be one of {SAFETY_MODES}, got {self.mode!r}")
         if not self.timeout_s or self.timeout_s <= 0:
             raise ValueError(f"reward_model.scoring.timeout_s must be > 0, got {self.timeout_s}")
+        if self.step_timeout_s is not None and self.step_timeout_s <= 0:
+            raise ValueError(
+                f"reward_model.scoring.step_timeout_s must be > 0 or null (no budget), got {self.step_timeout_s}"
+            )
+        if self.memory_limit_mb is None or self.memory_limit_mb < 0:
+            raise ValueError(
+                f"reward_model.scoring.memory_limit_mb must be >= 0 (0: no limit), got {self.memory_limit_mb}"
+            )
 
 
 @dataclass
@@ -176,7 +187,9 @@ class _ObjectiveScorer:
             return True
         return self.config.mode == "auto" and self.is_builtin and is_inline_safe(self._sources[sample_index])
 
-    def score(self, samples: list[dict[str, Any]], counts: dict[str, int]) -> list[tuple[str, Any]]:
+    def score(
+        self, samples: list[dict[str, Any]], counts: dict[str, int], deadline: float | None = None
+    ) -> list[tuple[str, Any]]:
         self._sources = [s["data_source"] for s in samples]
         out: list[tuple[str, Any] | None] = [None] * len(samples)
         inline_idx = [i for i in range(len(samples)) if self._inline(i)]
@@ -196,7 +209,7 @@ class _ObjectiveScorer:
         if pool_idx:
             pool = self._pool()
             before = pool.restarts
-            results = pool.map(self.ref, [samples[i] for i in pool_idx])  # type: ignore[arg-type]
+            results = pool.map(self.ref, [samples[i] for i in pool_idx], deadline)  # type: ignore[arg-type]
             counts["worker_restarts"] += pool.restarts - before
             for i, res in zip(pool_idx, results):
                 if res[0] == CONFIG:
@@ -292,7 +305,11 @@ class DAPORewardManager:
     # -- pool lifecycle --------------------------------------------------------------------
     def _get_pool(self) -> ScoringPool:
         if self._pool is None:
-            self._pool = ScoringPool(num_workers=self.scoring.num_workers, timeout_s=self.scoring.timeout_s)
+            self._pool = ScoringPool(
+                num_workers=self.scoring.num_workers,
+                timeout_s=self.scoring.timeout_s,
+                memory_limit_mb=self.scoring.memory_limit_mb,
+            )
         return self._pool
 
     def close(self) -> None:
@@ -357,11 +374,13 @@ class DAPORewardManager:
 
     def __call__(self, batch: Any) -> RewardOutput:
         t0 = time.perf_counter()
+        budget = self.scoring.step_timeout_s
+        deadline = None if budget is None else time.monotonic() + budget
         lengths = self._valid_lengths(batch)
         samples = self._samples(batch, lengths)
         n = len(samples)
         counts = {"timeouts": 0, "errors": 0, "worker_deaths": 0, "worker_restarts": 0}
-        per_objective = [scorer.score(samples, counts) for scorer in self._scorers]
+        per_objective = [scorer.score(samples, counts, deadline) for scorer in self._scorers]
         failure = self.scoring.failure_score
 
         rows: list[dict[str, Any]] = []

@@ -15,6 +15,12 @@ watches every worker itself:
 * A worker that dies or hangs *before* it has loaded the scorer costs no sample (the
   work is re-queued); three such failures in a row raise a RuntimeError, since that is a
   broken reward function or environment, not a bad response.
+* ``map(..., deadline=)`` bounds the whole batch: at that time every sample without a
+  result is a *timeout*, the workers still busy are killed and replaced, and ``map``
+  returns. Many slow samples cannot stretch a step beyond it.
+* Each worker's address space is capped (``RLIMIT_AS``, ``memory_limit_mb``): a scorer
+  that allocates past it gets a MemoryError (an *error*) or dies (``died``); either way
+  the trainer's memory is untouched and the worker is replaced if needed.
 * Workers are fresh interpreters (``python -c``, as the ``spawn`` start method would
   make, with the parent's ``sys.path``), never forks of the trainer: forking a process
   that holds torch threads is unsafe, and unlike ``multiprocessing`` spawn this never
@@ -182,10 +188,21 @@ def _is_config_error(exc: BaseException) -> bool:
     return isinstance(exc, UnknownDataSourceError)
 
 
-def _worker_entry(fd: int) -> None:
-    """Entry point of a worker process: ``python -c '...; _worker_entry(FD)'``."""
+def _worker_entry(fd: int, memory_limit_mb: float | None = None) -> None:
+    """Entry point of a worker process: ``python -c '...; _worker_entry(FD, LIMIT)'``."""
+    if memory_limit_mb:
+        _limit_address_space(int(memory_limit_mb * 1024 * 1024))
     sock = socket.socket(fileno=fd)
     _worker_main(Connection(sock.detach()))
+
+
+def _limit_address_space(limit_bytes: int) -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit_bytes = min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
 
 
 def _orphan_watchdog(parent_pid: int) -> None:
@@ -254,6 +271,8 @@ class ScoringPool:
     ``"ok"`` (value = the scorer's result), ``"error"`` (value = message), ``"timeout"``,
     ``"died"`` (the worker process died on this sample) or ``"config"`` (the scorer raised
     UnknownDataSourceError: a configuration error the caller should raise).
+
+    ``memory_limit_mb`` caps each worker's address space (None or 0: no cap).
     """
 
     def __init__(
@@ -262,9 +281,13 @@ class ScoringPool:
         timeout_s: float = 10.0,
         load_timeout_s: float = 120.0,
         max_chunk: int = 64,
+        memory_limit_mb: float | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward_model.scoring.timeout_s must be > 0, got {timeout_s}")
+        if memory_limit_mb is not None and memory_limit_mb < 0:
+            raise ValueError(f"reward_model.scoring.memory_limit_mb must be >= 0, got {memory_limit_mb}")
+        self.memory_limit_mb = float(memory_limit_mb or 0)
         self.num_workers = int(num_workers) if num_workers else max(1, min(4, os.cpu_count() or 1))
         self.timeout_s = float(timeout_s)
         self.load_timeout_s = max(float(load_timeout_s), self.timeout_s)
@@ -283,7 +306,11 @@ class ScoringPool:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", f"from dapo.reward.pool import _worker_entry; _worker_entry({fd})"],
+                [
+                    sys.executable,
+                    "-c",
+                    f"from dapo.reward.pool import _worker_entry; _worker_entry({fd}, {self.memory_limit_mb!r})",
+                ],
                 pass_fds=(fd,),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -340,7 +367,10 @@ class ScoringPool:
         self.restarts += 1
 
     # -- scoring -----------------------------------------------------------------------
-    def map(self, ref: ScorerRef, samples: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+    def map(
+        self, ref: ScorerRef, samples: Sequence[dict[str, Any]], deadline: float | None = None
+    ) -> list[tuple[str, Any]]:
+        """One ``(status, value)`` per sample; ``deadline`` (``time.monotonic()``) bounds the batch."""
         n = len(samples)
         results: list[tuple[str, Any] | None] = [None] * n
         if n == 0:
@@ -350,17 +380,22 @@ class ScoringPool:
         queue: deque[list[int]] = deque(list(range(s, min(s + chunk, n))) for s in range(0, n, chunk))
         finished = False
         try:
-            self._run(ref, samples, queue, results)
+            self._run(ref, samples, queue, results, math.inf if deadline is None else deadline)
             finished = True
         finally:
             if not finished:  # interrupted: workers may hold stale work; start clean next time
                 self.close()
         return results  # type: ignore[return-value]
 
-    def _run(self, ref: ScorerRef, samples: Sequence[dict], queue: deque, results: list) -> None:
+    def _run(
+        self, ref: ScorerRef, samples: Sequence[dict], queue: deque, results: list, deadline: float
+    ) -> None:
         pending = sum(len(c) for c in queue)
         startup_failures = 0
         while pending:
+            if time.monotonic() >= deadline:
+                self._expire(queue, results)
+                return
             for w in list(self._workers):
                 if not w.busy and queue:
                     indices = queue.popleft()
@@ -376,7 +411,7 @@ class ScoringPool:
             busy = [w for w in self._workers if w.busy]
             if not busy:
                 continue
-            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            wait_s = max(0.0, min(min(w.deadline for w in busy), deadline) - time.monotonic())
             ready = set(wait([w.conn for w in busy], timeout=wait_s))
             for w in busy:
                 if w.conn in ready:
@@ -412,6 +447,22 @@ class ScoringPool:
                     queue.appendleft(list(w.todo))
                     w.todo.clear()
                 self._replace(w)
+
+    def _expire(self, queue: deque, results: list) -> None:
+        """The batch's deadline passed: every sample without a result is a timeout."""
+        message = "the step's scoring budget (reward_model.scoring.step_timeout_s) ran out"
+        for w in list(self._workers):
+            if w.busy:
+                self._drain(w, results)  # results that arrived in time still count
+            if w.busy:
+                for idx in w.todo:
+                    results[idx] = (TIMEOUT, message)
+                w.todo.clear()
+                self._replace(w)
+        for indices in queue:
+            for idx in indices:
+                results[idx] = (TIMEOUT, message)
+        queue.clear()
 
     def _startup_failed(self, w: _Worker, failures: int, ref: ScorerRef | None = None) -> int:
         code = w.proc.returncode
