@@ -139,6 +139,14 @@ def test_gsm8k_appendix_a(solution, method, expected):
     assert out == expected and type(out) is type(expected)
 
 
+def test_gsm8k_int_ground_truth():
+    # verl compares the extracted string with the ground truth as given: "72" != 72
+    assert gsm8k.compute_score("#### 72", 72) == 0.0
+    assert gsm8k.compute_score("#### 72", 72, ground_truth_as_str=True) == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 72", 72, ground_truth_as_str=True) == 1.0
+    assert gsm8k.compute_score("#### 71", 72, ground_truth_as_str=True) == 0.0
+
+
 def test_gsm8k_bad_method():
     with pytest.raises(ValueError, match="flexible"):
         gsm8k.compute_score("#### 1", "1", method="loose")

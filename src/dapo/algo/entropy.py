@@ -4,8 +4,12 @@ With z = logits / temperature (VERL_SPEC 3.7: the ratio and the entropy see the 
 the sampler drew from):
 
     log p(y) = z_y - logsumexp(z)
-    H        = -sum_v p_v log p_v   (= logsumexp(z) - sum_v p_v z_v, verl's form; the sum of
-                                      non-negative terms avoids its float32 cancellation)
+    H        = -sum_v p_v log p_v   (= logsumexp(z) - sum_v p_v z_v, verl's form)
+
+Both are computed on z - max(z): the shift is exact for the tokens that carry the
+probability mass, so log p and H do not inherit the rounding of logits of magnitude 30 or
+100 (verl's form subtracts two numbers of that size). benchmarks/entropy_precision.py
+measures the error against float64 and the cost of the shift.
 
 Memory: a vocabulary-sized row is never held more than a chunk at a time. The forward pass
 works over chunks of rows and keeps for backward only the input logits (a reference, not a
@@ -65,11 +69,14 @@ class _LogProbEntropy(torch.autograd.Function):
             for off, chunk in _chunks(logits, chunk_rows):
                 rows = slice(off, off + chunk.shape[0])
                 z = chunk.to(dtype) / temperature
-                lse[rows] = torch.logsumexp(z, dim=-1)
+                shift = z.amax(dim=-1, keepdim=True)
+                z.sub_(shift)  # the largest logit becomes 0; what is left has no large magnitude
+                lse_shifted = torch.logsumexp(z, dim=-1)
+                lse[rows] = lse_shifted + shift.squeeze(-1)
                 if want_logp:
-                    logp[rows] = z.gather(-1, flat_labels[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
+                    logp[rows] = z.gather(-1, flat_labels[rows].unsqueeze(-1)).squeeze(-1) - lse_shifted
                 if want_entropy:
-                    log_p = z.sub_(lse[rows].unsqueeze(-1))  # in place: z becomes log softmax
+                    log_p = z.sub_(lse_shifted.unsqueeze(-1))  # in place: z becomes log softmax
                     # H = -sum p log p: every term >= 0, so no cancellation (lse - E[z] has some)
                     ent[rows] = -(torch.exp(log_p) * log_p).sum(dim=-1)
         ctx.save_for_backward(logits, flat_labels if want_logp else None, lse, ent)

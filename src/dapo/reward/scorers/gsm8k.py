@@ -3,7 +3,9 @@
 ``strict``: the last ``#### <number>`` in the final 300 characters, with "," and "$"
 removed. ``flexible``: the last number-like token of the final 300 characters. No answer
 gives the int 0, an exact string match with the ground truth gives ``score`` and any
-other answer gives ``format_score``. Bounded input and linear regexes: safe in-process.
+other answer gives ``format_score``. As in verl, the extracted string is compared with the
+ground truth as given, so an int ground truth never matches; ``ground_truth_as_str=True``
+compares with ``str(ground_truth)``. Bounded input and linear regexes: safe in-process.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def compute_score(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
+    ground_truth_as_str: bool = False,
 ):
     answer = extract_solution(str(solution_str), method=method)
     if answer is None:
         return 0
-    return score if answer == str(ground_truth) else format_score
+    gt = str(ground_truth) if ground_truth_as_str else ground_truth
+    return score if answer == gt else format_score
