@@ -39,7 +39,9 @@ def kinds(rows: int, vocab: int) -> dict:
         "randn*m": lambda m: torch.randn(rows, vocab) * m,
         "randn*2+m": lambda m: torch.randn(rows, vocab) * 2 + m,
         "uniform(-m,m)": lambda m: (torch.rand(rows, vocab) * 2 - 1) * m,
-        "one logit m": lambda m: torch.cat([torch.full((rows, 1), float(m)), torch.randn(rows, vocab - 1)], 1),
+        "one logit m": lambda m: torch.cat(
+            [torch.full((rows, 1), float(m)), torch.randn(rows, vocab - 1)], 1
+        ),
     }
 
 

@@ -246,3 +246,23 @@ def test_lambda_scorer_runs_inline_in_auto_and_is_refused_in_process_mode():
     assert info["score"] == [3.0]
     with pytest.raises(ValueError, match="reward_model.scoring.mode=process"):
         DAPORewardManager(CharTokenizer(), lambda **kw: 3.0, scoring={"mode": "process"})
+
+
+def test_int_ground_truth_through_the_config_key():
+    """verl's default: an int ground truth fails math_dapo's default path (counted, scored as a
+    failure); custom_reward_function.reward_kwargs.ground_truth_as_str=true compares it as a string."""
+    batch = make_batch(["Answer: 5", "Answer: 6"], [5, 5], data_source="math_dapo")
+    with build_reward_manager({"reward_model": {"reward_manager": "naive"}}, CharTokenizer()) as mgr:
+        out = mgr(batch)
+        assert out.reward_extra_info["score"] == [-1.0, -1.0]
+        assert out.reward_extra_info["pred"] == ["[ERROR]", "[ERROR]"]
+        assert out.metrics["reward/errors"] == 2
+    cfg = {
+        "reward_model": {"reward_manager": "naive"},
+        "custom_reward_function": {"reward_kwargs": {"ground_truth_as_str": True}},
+    }
+    with build_reward_manager(cfg, CharTokenizer()) as mgr:
+        out = mgr(batch)
+        assert out.reward_extra_info["score"] == [1.0, -1.0]
+        assert out.reward_extra_info["pred"] == ["5", "6"]
+        assert out.metrics["reward/errors"] == 0

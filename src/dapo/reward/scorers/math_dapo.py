@@ -196,7 +196,9 @@ def verify(
     correct, pred = is_correct_minerva(solution_str, gt)
     if pred == INVALID:
         # verl 0.9.1: without an "Answer:" marker, fall back to the last boxed expression.
-        box_correct, box_pred = is_correct_strict_box(solution_str, gt, pause_tokens_index, clamp_pause_window)
+        box_correct, box_pred = is_correct_strict_box(
+            solution_str, gt, pause_tokens_index, clamp_pause_window
+        )
         if box_pred is not None:
             return box_correct == 1, box_pred
     return correct, pred

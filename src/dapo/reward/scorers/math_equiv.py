@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 
-from dapo.reward.scorers.power_guard import constant_powers_bounded
 from dapo.reward.scorers.math_dapo import (
     ANSWER_PATTERN,
     INVALID,
@@ -29,6 +28,7 @@ from dapo.reward.scorers.math_dapo import (
     normalize_final_answer,
     remove_boxed,
 )
+from dapo.reward.scorers.power_guard import constant_powers_bounded
 
 MAX_ANSWER_CHARS = 300
 _TAIL_CHARS = 4000
@@ -200,7 +200,7 @@ def _sympy_globals() -> dict:
     global _GLOBALS
     if _GLOBALS is None:
         _GLOBALS = {}
-        exec("from sympy import *", _GLOBALS)  # noqa: S102 - a fixed import, no input involved
+        exec("from sympy import *", _GLOBALS)  # what parse_expr does without a global_dict
     return _GLOBALS
 
 

@@ -68,7 +68,11 @@ class _Bounds:
             return self.visit(node.body)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             name = node.func.id
-            if name in ("Integer", "Float") and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
+            if (
+                name in ("Integer", "Float")
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 value = iv.mpf(str(node.args[0].value))
                 if value != 0 and abs(_log10_top(value)) > self.max_digits:
                     raise _Refused("literal")  # 1e99999999: sympy's Float converts it digit by digit
