@@ -3,15 +3,14 @@ scored as failures and counted, and the pool goes on. Counts and scores only, ne
 
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
 import torch
 
 from dapo.reward.manager import DAPORewardManager, ScoringConfig
-from dapo.reward.pool import ERROR, OK, TIMEOUT, ScorerRef, ScoringPool
-from fixtures.reward_helpers import CharTokenizer, make_batch
+from dapo.reward.pool import ERROR, OK, TIMEOUT, ScoringPool
+from fixtures.reward_helpers import CharTokenizer, make_batch, scorer_from_source
 
 torch.set_num_threads(1)
 
@@ -32,9 +31,7 @@ SLOW_AND_GREEDY = """
 
 @pytest.fixture()
 def ref(tmp_path):
-    path = tmp_path / "slow_and_greedy.py"
-    path.write_text(textwrap.dedent(SLOW_AND_GREEDY))
-    return ScorerRef.from_file(str(path))
+    return scorer_from_source(tmp_path, "slow_and_greedy", SLOW_AND_GREEDY)
 
 
 def _samples(texts):

@@ -3,7 +3,6 @@ every built-in scorer survives adversarial text (hypothesis) within its time bud
 
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from dapo.reward.manager import DAPORewardManager
 from dapo.reward.pool import DIED, ERROR, OK, TIMEOUT, ScorerRef, ScoringPool
 from dapo.reward.scorers import countdown, default_compute_score, gsm8k, math_dapo, math_equiv
-from fixtures.reward_helpers import CharTokenizer, make_batch
+from fixtures.reward_helpers import CharTokenizer, make_batch, scorer_from_source
 
 torch.set_num_threads(1)
 
@@ -39,9 +38,7 @@ NASTY = """
 
 @pytest.fixture()
 def nasty_ref(tmp_path):
-    path = tmp_path / "nasty.py"
-    path.write_text(textwrap.dedent(NASTY))
-    return ScorerRef.from_file(str(path))
+    return scorer_from_source(tmp_path, "nasty", NASTY)
 
 
 def test_hung_and_dying_scorers_are_counted_and_the_batch_completes(nasty_ref):
