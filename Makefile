@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean-venv browser
+.PHONY: venv demo test lint clean-venv browser sandbox
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,7 +34,14 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) >/dev/null 2>&1; } || \
 		echo "chromium not installed: the report screenshot test will be skipped"
 
-test: venv browser
+# bubblewrap is the code tool's OS sandbox (without it the code tool refuses to start unless its
+# config sets allow_weak_sandbox: true, and the sandbox tests are skipped with a reason)
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap) >/dev/null 2>&1; } || \
+		echo "bubblewrap not installed: the code sandbox tests will be skipped"
+
+test: venv browser sandbox
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: venv

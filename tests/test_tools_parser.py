@@ -19,6 +19,7 @@ from dapo.tools import (
 from dapo.tools.base import resolve_tool_class
 from dapo.tools.calculator import CalculatorError, evaluate
 from dapo.tools.parser import format_hermes_call
+from dapo.tools.sandbox import os_boundary_problem
 
 # ------------------------------------------------------------------ parser
 
@@ -174,7 +175,10 @@ def test_verl_gsm8k_tool_config_loads_unchanged():
 
 def test_shipped_configs_load(tmp_path):
     assert [t.name for t in load_tool_config("calculator")] == ["calculator"]
-    assert [t.name for t in load_tool_config("code_interpreter")] == ["code_interpreter"]
+    if (
+        os_boundary_problem() is None
+    ):  # without bubblewrap the code tool refuses to start (test_tools_sandbox)
+        assert [t.name for t in load_tool_config("code_interpreter")] == ["code_interpreter"]
     path = tmp_path / "tools.yaml"
     path.write_text(
         "tools:\n  - class_name: calculator\n    config: {}\n"

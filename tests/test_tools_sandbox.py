@@ -1,40 +1,55 @@
-"""The code interpreter's sandbox: each escape attempt fails, is counted, and the step goes on."""
+"""The code interpreter's sandbox: limits, refusals, output, and escapes counted in a rollout.
+
+Each test runs in the OS sandbox (bubblewrap) and, where it checks the in-process guard or the
+limits, in the weak mode too. The adversarial suite is tests/test_tools_sandbox_escape.py.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from dapo.config.load import load_config
+from dapo.config.validate import validate
 from dapo.rollout.hf import SamplingParams
 from dapo.rollout.multiturn import MultiTurnRollout
-from dapo.tools import CodeInterpreterTool
+from dapo.tools import CodeInterpreterTool, load_tool_config, sandbox
 from dapo.tools.parser import format_hermes_call
-from dapo.tools.sandbox import SandboxLimits, network_namespace_available, run_python
+from dapo.tools.sandbox import SandboxLimits, network_namespace_available, os_boundary_problem, run_python
 
 torch.set_num_threads(1)
-FAST = SandboxLimits(cpu_seconds=1, memory_mb=256, wall_seconds=3.0, max_output_chars=200)
+NO_BWRAP = os_boundary_problem()
+needs_bwrap = pytest.mark.skipif(NO_BWRAP is not None, reason=f"no OS sandbox here: {NO_BWRAP}")
+MODES = [pytest.param(False, id="bwrap", marks=needs_bwrap), pytest.param(True, id="weak")]
+# the wall limit is far from the CPU limit so the two never race, even at load 8 on 2 cores
+FAST = SandboxLimits(cpu_seconds=1, memory_mb=256, wall_seconds=60.0, max_output_chars=200)
+SHORT_WALL = SandboxLimits(cpu_seconds=30, memory_mb=256, wall_seconds=2.0, max_output_chars=200)
+ESCAPE_FILE = "/tmp/dapo-sandbox-escape.txt"
 
 ESCAPES = {
     "infinite loop": ("while True:\n    pass", "cpu_limit"),
-    "sleep past the wall clock": ("import time\ntime.sleep(60)", "timeout"),
+    "sleep past the wall clock": ("import time\ntime.sleep(600)", "timeout"),
     "unbounded allocation": ("x = []\nwhile True:\n    x.append(bytearray(10**7))", "memory_limit"),
     "fork": ("import os\nos.fork()", "refused"),
     "subprocess": ("import subprocess\nsubprocess.run(['true'])", "refused"),
     "os.system": ("import os\nos.system('true')", "refused"),
-    "write outside": ("open('/tmp/dapo-sandbox-escape.txt', 'w').write('x')", "refused"),
+    "write outside": (f"open('{ESCAPE_FILE}', 'w').write('x')", "refused"),
     "write via parent dir": ("open('../dapo-sandbox-escape.txt', 'w').write('x')", "refused"),
     "delete outside": ("import os\nos.remove('/etc/hostname')", "refused"),
     "socket": ("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))", "refused"),
     "ctypes": ("import ctypes", "refused"),
     "kill the parent": ("import os\nos.kill(os.getppid(), 9)", "refused"),
+    "flood the output": ("while True:\n    print('y' * 10000)", "output_limit"),
 }
 
 
+@functools.cache
 def _load_multiturn_helpers():
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).with_name("test_multiturn_rollout.py")
     spec = importlib.util.spec_from_file_location("_multiturn_helpers", path)
@@ -43,50 +58,101 @@ def _load_multiturn_helpers():
     return mod
 
 
+@pytest.mark.parametrize("weak", MODES)
 @pytest.mark.parametrize("name", list(ESCAPES))
-def test_escape_attempt_is_stopped_or_refused(name):
+def test_escape_attempt_is_stopped_or_refused(name, weak):
     code, want = ESCAPES[name]
-    res = run_python(code, FAST)
+    res = run_python(code, SHORT_WALL if want == "timeout" else FAST, weak=weak)
     assert res.status == want, (res.status, res.stdout, res.stderr)
-    assert not os.path.exists("/tmp/dapo-sandbox-escape.txt")
+    assert not os.path.exists(ESCAPE_FILE)
     if want == "refused":
         assert res.refused and "sandbox: not allowed" in res.stderr
+    if want == "cpu_limit":
+        assert res.cpu_seconds >= 0.9  # the parent's own account of the CPU time
+    if want == "memory_limit":
+        assert res.peak_rss_mb >= 128 and res.exception == "MemoryError"
 
 
-def test_ordinary_code_runs_in_an_empty_private_directory():
+@pytest.mark.parametrize("weak", MODES)
+def test_ordinary_code_runs_in_an_empty_private_directory(weak):
     res = run_python(
-        "import os\nprint(os.listdir('.'))\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read())", FAST
+        "import os\nprint(os.listdir('.'))\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read())",
+        FAST,
+        weak=weak,
     )
     assert res.status == "ok" and res.stdout == "[]\nhi\n"
-    res2 = run_python("import os\nprint(os.listdir('.'))", FAST)
+    res2 = run_python("import os\nprint(os.listdir('.'))", FAST, weak=weak)
     assert res2.stdout == "[]\n"  # nothing left over from the previous run
 
 
-def test_refusal_can_be_caught_and_the_code_continues():
+@pytest.mark.parametrize("weak", MODES)
+def test_refusal_can_be_caught_and_the_code_continues(weak):
     res = run_python(
-        "import os\ntry:\n    os.fork()\nexcept PermissionError:\n    print('no fork')\nprint(6*7)", FAST
+        "import os\ntry:\n    os.fork()\nexcept PermissionError:\n    print('no fork')\nprint(6*7)",
+        FAST,
+        weak=weak,
     )
     assert res.status == "refused" and res.refused == ["fork"] and res.stdout == "no fork\n42\n"
 
 
 def test_output_is_truncated():
-    res = run_python("print('x' * 100000)", FAST)
+    res = run_python("print('x' * 100000)", FAST, weak=NO_BWRAP is not None)
     assert res.status == "ok" and res.stdout.startswith("x" * 200) and "truncated at 200" in res.stdout
     assert len(res.stdout) < 300
 
 
 def test_traceback_shows_only_the_users_code():
-    res = run_python("def f():\n    return 1/0\nf()", FAST)
+    res = run_python("def f():\n    return 1/0\nf()", FAST, weak=NO_BWRAP is not None)
     assert res.status == "error" and res.exception == "ZeroDivisionError"
-    assert "_sandbox_runner" not in res.stderr and 'File "<code>", line 2, in f' in res.stderr
+    assert "_sandbox_runner" not in res.stderr and "runner.py" not in res.stderr
+    assert 'File "<code>", line 2, in f' in res.stderr
 
 
 @pytest.mark.skipif(not network_namespace_available(), reason="no user/network namespaces here")
-def test_network_namespace_has_no_interfaces_up():
-    # even with the audit hook bypassed at the OS level there is no route out: only a down loopback
-    res = run_python("print(open('/proc/net/dev').read())", SandboxLimits(wall_seconds=5))
+def test_weak_mode_network_namespace_has_no_interfaces_up():
+    res = run_python("print(open('/proc/net/dev').read())", SandboxLimits(wall_seconds=60.0), weak=True)
     lines = [ln.split(":")[0].strip() for ln in res.stdout.splitlines()[2:] if ":" in ln]
     assert lines == ["lo"]
+
+
+@pytest.fixture
+def no_bwrap_on_path(tmp_path, monkeypatch):
+    """PATH without bubblewrap (or unshare), with the cached probes forgotten before and after."""
+    caches = (sandbox._bwrap_features, sandbox.os_boundary_problem, sandbox.network_namespace_available)
+    for c in caches:
+        c.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    yield
+    monkeypatch.undo()
+    for c in caches:
+        c.cache_clear()
+
+
+def test_without_bubblewrap_the_code_tool_refuses_to_start_unless_weak_is_chosen(no_bwrap_on_path, tmp_path):
+    """Config validation with no bwrap on PATH: one problem naming the key that opts in; with the key,
+    the tool starts, runs code under the in-process guard, and has a warning for every step's log."""
+    key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    (problem,) = validate(load_config([f"{key}=code_interpreter"], preset="tools"))
+    assert problem.startswith(f"{key}: ") and "code_interpreter.yaml: tools[0]" in problem
+    assert "bubblewrap (bwrap) is not installed" in problem and "allow_weak_sandbox: true" in problem
+    weak_cfg = tmp_path / "weak.yaml"
+    weak_cfg.write_text("tools:\n  - class_name: code_interpreter\n    config: {allow_weak_sandbox: true}\n")
+    assert validate(load_config([f"{key}={weak_cfg}"], preset="tools")) == []
+    (tool,) = load_tool_config(weak_cfg)
+    helpers = _load_multiturn_helpers()
+    mt = MultiTurnRollout(helpers.ScriptedEngine(lambda ctx: ""), helpers.TOK, [tool])
+    (warning,) = mt.step_warnings()
+    assert warning.startswith("warning: code_interpreter runs model-written code WITHOUT an OS sandbox")
+    assert "allow_weak_sandbox: true" in warning
+    r = tool.execute(tool.create(), {"code": "import os\nprint(6*7)\nos.fork()"})
+    assert r.text.startswith("42\nTraceback") and "not allowed to fork" in r.text
+    assert r.metrics["status"] == "refused"
+
+
+@needs_bwrap
+def test_with_bubblewrap_the_code_tool_has_no_step_warning():
+    tool = CodeInterpreterTool(config={"allow_weak_sandbox": True})
+    assert tool.step_warning() is None and not tool.weak
 
 
 def test_escapes_in_a_rollout_are_counted_and_the_step_goes_on():
@@ -108,14 +174,17 @@ def test_escapes_in_a_rollout_are_counted_and_the_step_goes_on():
     batch = rows(len(attempts))
     for i, r in enumerate(batch):
         r["raw_prompt"] = [{"role": "user", "content": f"task #{i}"}]
-    tool = CodeInterpreterTool(config={"cpu_seconds": 1, "memory_mb": 256, "wall_seconds": 3})
+    tool = CodeInterpreterTool(
+        config={"cpu_seconds": 1, "memory_mb": 256, "wall_seconds": 60, "allow_weak_sandbox": True}
+    )
     mt = MultiTurnRollout(ScriptedEngine(policy), TOK, [tool])
     out, info = mt.generate(batch, SamplingParams(n=1, response_length=1000), prompt_width=64)
     m = mt.last_metrics
-    assert m["tools/sandbox_cpu_limit"] == 1
+    # the infinite loop ends on whichever limit the kernel and the clock reach first
+    assert m["tools/sandbox_cpu_limit"] + m["tools/sandbox_timeout"] == 1
     assert m["tools/sandbox_memory_limit"] == 1
     assert m["tools/sandbox_refused"] == 3
     assert info["tool_errors"] == [1, 1, 1, 1, 1, 0]
     assert info["messages"][5][1]["content"] == "42"
     assert all(msgs[-1]["content"] == "Answer: done" for msgs in info["messages"])
-    assert not os.path.exists("/tmp/dapo-sandbox-escape.txt")
+    assert not os.path.exists(ESCAPE_FILE)

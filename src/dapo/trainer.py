@@ -651,6 +651,8 @@ class Trainer:
                 self.global_step += 1
                 with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
                     metrics = self._train_step(progress)
+                for line in self.multi_turn.step_warnings() if self.multi_turn is not None else []:
+                    self.print(line)
                 if self._prefetch_error is not None:
                     self._log(metrics, step=self.global_step)
                     self.print(

@@ -172,6 +172,12 @@ def validate(cfg: Any) -> list[str]:
         f"actor_rollout_ref.rollout.name: {rollout.name!r} is not available here; use hf",
     )
 
+    # tools: loading the tool config builds each tool, which checks its own config (the code
+    # interpreter refuses to start without an OS sandbox unless its config opts in to the weak mode)
+    mt = rollout.multi_turn
+    if mt.enable and mt.tool_config_path:
+        p.extend(_tool_config_problems(str(mt.tool_config_path)))
+
     # reward shaping
     ob = cfg.reward_model.overlong_buffer
     if ob.enable:
@@ -231,6 +237,20 @@ def validate(cfg: Any) -> list[str]:
     if tr.worker_backend == "process" and tr.nnodes > 1:
         p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
     return p
+
+
+def _tool_config_problems(path: str) -> list[str]:
+    import yaml
+
+    from dapo.tools.config import ToolConfigError, load_tool_config
+
+    try:
+        load_tool_config(path)
+    except ToolConfigError as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {exc}"]
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
+    return []
 
 
 def _dp_size(cfg: Any) -> int:

@@ -49,6 +49,7 @@ ERROR_KINDS = (
     "sandbox_timeout",
     "sandbox_cpu_limit",
     "sandbox_memory_limit",
+    "sandbox_output_limit",
     "sandbox_killed",
 )
 
@@ -158,6 +159,10 @@ class MultiTurnRollout:
         self.eos_text = getattr(tokenizer, "eos_token", None) or ""
         self._base_text = self._template(_DELTA_BASE, add_generation_prompt=False, tokenize=False)
         self.last_metrics: dict[str, float] = {}
+
+    def step_warnings(self) -> list[str]:
+        """Lines for the trainer to repeat every step (a tool running with weakened safety)."""
+        return [w for w in (t.step_warning() for t in self.tools.values()) if w]
 
     @staticmethod
     def from_config(engine: Any, tokenizer: Any, multi_turn_cfg: Any) -> MultiTurnRollout:

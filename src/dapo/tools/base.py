@@ -87,6 +87,10 @@ class BaseTool:
     def run(self, state: dict[str, Any], **arguments: Any) -> ToolResponse:
         raise NotImplementedError
 
+    def step_warning(self) -> str | None:
+        """A line the trainer repeats in its log every step (e.g. a tool running with weakened safety)."""
+        return None
+
     def calc_reward(self, instance_id: str) -> float:
         return float(self._instances.get(instance_id, {}).get("reward", 0.0))
 

@@ -1,29 +1,37 @@
-"""Run untrusted Python in a separate, limited process.
+"""Run untrusted Python in a separate, limited process behind an OS boundary.
 
-Each run gets:
+The boundary is bubblewrap (``bwrap``): each run is a fresh interpreter in new user, PID,
+network, IPC and UTS namespaces, as an unprivileged user with no capabilities, that sees
+only a read-only view of the interpreter (its prefix without site-packages, ``/usr``) and an
+empty size-limited tmpfs work directory ``/box``; with a cleared environment, no inherited
+descriptors, ``/proc`` of its own PID namespace, a seccomp filter (no new processes, no
+ptrace, no mounts or namespaces; :mod:`dapo.tools._seccomp`) and CPU, memory and file-size
+limits. The parent supervises it with a deadline: it reads the output pipes without
+blocking, caps what it keeps, and at the deadline (or when the output passes its cap) kills
+bwrap, whose death kills the namespace and every process in it.
 
-* a fresh empty temporary working directory, removed afterwards;
-* CPU-time (``RLIMIT_CPU``), address-space (``RLIMIT_AS``) and file-size (``RLIMIT_FSIZE``)
-  limits set by the child on itself, and a wall-clock limit enforced by the parent, which
-  kills the child's whole process group;
-* no network: a new network namespace (``unshare -rn``) where the system allows it, and in
-  every case an audit hook that refuses socket creation;
-* the same audit hook refuses fork / exec / spawn / signals, native libraries (ctypes) and
-  any write, rename, delete or chmod outside the working directory;
-* stdout and stderr written to files outside the sandbox, capped, and read back truncated.
+What counts as a limit hit is decided here, from what the parent observed (its own clock,
+the bytes it read, the CPU time and peak memory the kernel reports for the process tree),
+never from what the program printed. Refusals come from the in-process audit hook
+(:mod:`dapo.tools._sandbox_runner`), a second layer that turns common forbidden calls into a
+``PermissionError`` the model can read.
 
-Refused operations raise ``PermissionError`` inside the child (the code can carry on) and
-are reported in :attr:`SandboxResult.refused`. This is defence in depth for a research
-trainer, not a security boundary against a determined attacker: run untrusted models'
-code in a container as well.
+Where bubblewrap is missing or cannot run, :func:`os_boundary_problem` says why and the code
+tool refuses to start unless its config opts in to the weak mode: the same runner and
+supervision without the namespaces, mounts and filter (then only the audit hook, the limits
+and, where available, a network namespace from ``unshare -rn`` stand between the code and
+the machine).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import select
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -32,7 +40,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from dapo.tools._seccomp import filter_program
+
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
+BOX = "/box"  # the work directory inside the sandbox
+INNER_RUNNER = "/sandbox/runner.py"
+GRACE_SECONDS = 2.0  # after a kill, how long to wait for the pipes to close and bwrap to exit
+STATUS_CAP = 1 << 16
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 @dataclass
@@ -40,24 +55,116 @@ class SandboxLimits:
     cpu_seconds: int = 5
     memory_mb: int = 512
     wall_seconds: float = 10.0
-    max_output_chars: int = 4096
-    max_file_bytes: int = 1 << 20
-    network_namespace: str = "auto"  # auto | always | never
+    max_output_chars: int = 4096  # kept for the model, per stream
+    max_output_bytes: int = 1 << 20  # read from the program, both streams; past it the program is killed
+    max_file_bytes: int = 1 << 20  # RLIMIT_FSIZE
+    disk_mb: int = 16  # size of the tmpfs work directory
+    max_processes: int = 16  # RLIMIT_NPROC in the weak mode (the OS sandbox allows one process)
+    network_namespace: str = "auto"  # weak mode only: auto | always | never (unshare -rn)
+    audit_hook: bool = True  # the second layer; off only to test the OS boundary on its own
 
 
 @dataclass
 class SandboxResult:
-    status: str  # ok | error | refused | timeout | cpu_limit | memory_limit | killed
+    # ok | error | refused | timeout | cpu_limit | memory_limit | output_limit | killed
+    status: str
     stdout: str
     stderr: str
     returncode: int | None
     refused: list[str] = field(default_factory=list)
     exception: str | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass
+class _Observed:
+    """What the parent saw of one run."""
+
+    out: bytes = b""
+    err: bytes = b""
+    status: bytes = b""
+    wait_status: int | None = None
+    cpu: float = 0.0
+    rss_mb: float = 0.0
+    reason: str | None = None  # timeout | output_limit: the parent killed it
+
+
+# ------------------------------------------------------------------ the OS boundary
+@lru_cache(maxsize=1)
+def _bwrap_features() -> frozenset[str] | None:
+    exe = shutil.which("bwrap")
+    if not exe:
+        return None
+    try:
+        done = subprocess.run([exe, "--help"], capture_output=True, timeout=30, env=_ENV)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (done.stdout + done.stderr).decode(errors="replace")
+    return frozenset(f for f in ("--size", "--disable-userns", "--perms") if f in text)
+
+
+def _interpreter() -> tuple[str, list[str], list[str]]:
+    """The base interpreter (not a venv's), the directories it needs, and its site dirs to hide."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    if not any(exe.startswith(p + os.sep) for p in prefixes):
+        prefixes.add(os.path.dirname(exe))
+    hide = [os.path.realpath(d) for d in site.getsitepackages(sorted(prefixes)) if os.path.isdir(d)]
+    return exe, sorted(prefixes), hide
+
+
+def bwrap_argv(lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int) -> list[str]:
+    feats = _bwrap_features() or frozenset()
+    exe, prefixes, hide = _interpreter()
+    argv = [shutil.which("bwrap") or "bwrap"]
+    argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
+    argv += ["--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--cap-drop", "ALL"]
+    if "--disable-userns" in feats:
+        argv.append("--disable-userns")
+    argv += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    argv += ["--setenv", "HOME", BOX, "--setenv", "TMPDIR", BOX]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    if os.path.isfile("/etc/ld.so.cache"):
+        argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for p in prefixes:
+        if p != "/usr" and not p.startswith("/usr/"):
+            argv += ["--ro-bind", p, p]
+    for d in hide:  # the interpreter's own site-packages: an empty read-only directory
+        argv += ["--tmpfs", d, "--remount-ro", d]
+    argv += ["--ro-bind", str(RUNNER), INNER_RUNNER]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if "--size" in feats:
+        argv += ["--size", str(int(lim.disk_mb) << 20)]
+    if "--perms" in feats:
+        argv += ["--perms", "0700"]
+    argv += ["--tmpfs", BOX, "--chdir", BOX, "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--seccomp", str(seccomp_fd), "--", exe, "-I", "-S", "-B", INNER_RUNNER]
+    return argv + _runner_args(BOX, lim, code_fd, status_fd)
+
+
+def _runner_args(box: str, lim: SandboxLimits, code_fd: int, status_fd: int) -> list[str]:
+    return [
+        box,
+        str(int(lim.cpu_seconds)),
+        str(int(lim.memory_mb) << 20),
+        str(int(lim.max_file_bytes)),
+        str(int(lim.max_processes)),
+        str(code_fd),
+        str(status_fd),
+        "1" if lim.audit_hook else "0",
+    ]
 
 
 @lru_cache(maxsize=1)
@@ -66,123 +173,214 @@ def network_namespace_available() -> bool:
     if not exe:
         return False
     try:
-        done = subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=10)
+        done = subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=10, env=_ENV)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
 
 
-def _read_capped(path: Path, limit: int) -> str:
-    with open(path, "rb") as f:
-        data = f.read(limit * 4 + 4)
+def _weak_argv(box: str, lim: SandboxLimits, code_fd: int, status_fd: int) -> list[str]:
+    argv = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(RUNNER)]
+    argv += _runner_args(box, lim, code_fd, status_fd)
+    use_ns = lim.network_namespace == "always" or (
+        lim.network_namespace == "auto" and network_namespace_available()
+    )
+    return [shutil.which("unshare") or "unshare", "-rn", *argv] if use_ns else argv
+
+
+@lru_cache(maxsize=1)
+def os_boundary_problem() -> str | None:
+    """None when bubblewrap runs a probe program in the full sandbox here; otherwise why not."""
+    if _bwrap_features() is None:
+        return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    if filter_program() is None:
+        return f"no seccomp filter for this machine ({platform.machine()}); x86_64 and aarch64 only"
+    res = run_python("print(6 * 7)", SandboxLimits(cpu_seconds=10, wall_seconds=60.0))
+    if res.status != "ok" or res.stdout != "42\n":
+        why = (res.stderr.strip().splitlines() or [res.status])[0]
+        return f"bubblewrap cannot start the sandbox here: {why}"
+    return None
+
+
+# ------------------------------------------------------------------ running
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: the child inherits it through pass_fds
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = False) -> SandboxResult:
+    """Run ``code`` under ``limits`` (in the OS sandbox unless ``weak``); never raises for what it does."""
+    lim = limits or SandboxLimits()
+    t0 = time.monotonic()
+    fds: list[int] = []
+    box = tempfile.mkdtemp(prefix="dapo-sandbox-") if weak else None
+    try:
+        code_fd = _memfd("code", code.encode("utf-8", errors="replace"))
+        fds.append(code_fd)
+        status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        fds += [status_r, status_w, out_r, out_w, err_r, err_w]
+        passed = [code_fd, status_w]
+        if weak:
+            argv = _weak_argv(box, lim, code_fd, status_w)
+        else:
+            program = filter_program()
+            if program is None:
+                return SandboxResult("error", "", "sandbox: no seccomp filter for this machine", None)
+            seccomp_fd = _memfd("seccomp", program)
+            fds.append(seccomp_fd)
+            passed.append(seccomp_fd)
+            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=box or "/",
+                env=dict(_ENV),
+                pass_fds=passed,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return SandboxResult("error", "", f"sandbox: could not start: {exc}", None)
+        for fd in (*passed, out_w, err_w):  # the child holds the only write ends now
+            os.close(fd)
+            fds.remove(fd)
+        seen = _supervise(proc, out_r, err_r, status_r, t0 + float(lim.wall_seconds), lim)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if box:
+            shutil.rmtree(box, ignore_errors=True)
+    return _result(seen, lim, time.monotonic() - t0)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill bwrap's process group; bwrap's death (die-with-parent) kills the namespace and all in it."""
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _supervise(
+    proc: subprocess.Popen, out_r: int, err_r: int, status_r: int, deadline: float, lim: SandboxLimits
+) -> _Observed:
+    """Read the three pipes and wait for the process, never blocking past the deadline (+ grace)."""
+    seen = _Observed()
+    keep = {
+        out_r: int(lim.max_output_chars) * 4 + 4,
+        err_r: int(lim.max_output_chars) * 4 + 4,
+        status_r: STATUS_CAP,
+    }
+    bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
+    read_total = 0
+    pidfd = os.pidfd_open(proc.pid)
+    poller = select.poll()
+    for fd in (out_r, err_r, status_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = {out_r, err_r, status_r}
+    exited, give_up = False, None
+    try:
+        while open_fds or not exited:
+            now = time.monotonic()
+            if seen.reason is None and now >= deadline:
+                seen.reason = "timeout"
+            if seen.reason is not None and give_up is None:
+                _kill(proc)
+                give_up = now + GRACE_SECONDS
+            if give_up is not None and now >= give_up:
+                break
+            until = give_up if give_up is not None else deadline
+            for fd, _ in poller.poll(max(0.0, until - now) * 1000 + 1):
+                if fd == pidfd:
+                    _, wait_status, usage = os.wait4(proc.pid, 0)
+                    seen.wait_status, exited = wait_status, True
+                    seen.cpu = usage.ru_utime + usage.ru_stime
+                    seen.rss_mb = usage.ru_maxrss / 1024
+                    poller.unregister(pidfd)
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                room = keep[fd] - len(bufs[fd])
+                if room > 0:
+                    bufs[fd] += data[:room]
+                if fd != status_r:
+                    read_total += len(data)
+                    if read_total > lim.max_output_bytes and seen.reason is None:
+                        seen.reason = "output_limit"
+    finally:
+        os.close(pidfd)
+        if not exited:
+            _kill(proc)
+            try:  # SIGKILLed: it is gone or going; reap it if it is, never wait on it
+                pid, wait_status, _ = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    seen.wait_status = wait_status
+            except ChildProcessError:
+                pass
+    if seen.wait_status is not None:
+        proc.returncode = os.waitstatus_to_exitcode(seen.wait_status)
+    seen.out, seen.err, seen.status = bytes(bufs[out_r]), bytes(bufs[err_r]), bytes(bufs[status_r])
+    return seen
+
+
+def _text(data: bytes, limit: int) -> str:
     text = data.decode("utf-8", errors="replace")
     if len(text) > limit:
         text = text[:limit] + f"\n...[output truncated at {limit} characters]"
     return text
 
 
-def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` under ``limits``; never raises for anything the code does."""
-    lim = limits or SandboxLimits()
-    t0 = time.monotonic()
-    box = tempfile.mkdtemp(prefix="dapo-sandbox-")
-    io_dir = tempfile.mkdtemp(prefix="dapo-sandbox-io-")
-    out_path, err_path = Path(io_dir) / "stdout", Path(io_dir) / "stderr"
-    cmd: list[str] = [
-        sys.executable,
-        "-I",
-        str(RUNNER),
-        box,
-        str(int(lim.cpu_seconds)),
-        str(int(lim.memory_mb) << 20),
-        str(int(lim.max_file_bytes)),
-    ]
-    use_ns = lim.network_namespace == "always" or (
-        lim.network_namespace == "auto" and network_namespace_available()
-    )
-    if use_ns:
-        cmd = [shutil.which("unshare") or "unshare", "-rn", *cmd]
-    env = {"PATH": "/usr/bin:/bin", "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-    status_r, status_w = os.pipe()
-    cmd.append(str(status_w))
-    timed_out = False
+def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
+    """The run's status from the parent's own observation; the runner's report only names refusals
+    and the exception the code ended with (it travels on its own pipe, never through the output)."""
     try:
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.PIPE,
-                    stdout=out,
-                    stderr=err,
-                    cwd=box,
-                    env=env,
-                    pass_fds=(status_w,),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            except OSError as exc:
-                return SandboxResult("error", "", f"could not start the sandbox: {exc}", None)
-            finally:
-                os.close(status_w)
-            try:
-                proc.communicate(code.encode(), timeout=lim.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                proc.wait()
-            except BrokenPipeError:
-                proc.wait()
-        status = _read_status(status_r)
-        rc = proc.returncode
-        stdout = _read_capped(out_path, lim.max_output_chars)
-        stderr = _read_capped(err_path, lim.max_output_chars)
-    finally:
-        os.close(status_r)
-        shutil.rmtree(box, ignore_errors=True)
-        shutil.rmtree(io_dir, ignore_errors=True)
-    refused = list(status.get("refused") or [])
-    exception = status.get("exception")
-    if timed_out:
-        kind = "timeout"
-    elif rc is not None and rc < 0 and -rc in (signal.SIGXCPU, signal.SIGKILL) and not status:
+        status = json.loads(seen.status.decode() or "{}")
+    except ValueError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    refused = [str(r) for r in status.get("refused") or [] if isinstance(r, str)][:100]
+    exception = status.get("exception") if isinstance(status.get("exception"), str) else None
+    ws = seen.wait_status
+    rc = None if ws is None else os.waitstatus_to_exitcode(ws)
+    # bwrap exits 128+N when the program dies of signal N
+    signalled = rc is not None and (rc < 0 or rc > 128)
+    if seen.reason is not None:
+        kind = seen.reason
+    elif signalled and seen.cpu >= 0.9 * lim.cpu_seconds:  # RLIMIT_CPU's SIGKILL (the kernel counts in ticks)
         kind = "cpu_limit"
-    elif exception == "MemoryError":
+    elif exception == "MemoryError" and seen.rss_mb >= lim.memory_mb / 2:
         kind = "memory_limit"
     elif refused:
         kind = "refused"
     elif rc == 0:
         kind = "ok"
-    elif rc is not None and rc < 0:
+    elif signalled:
         kind = "killed"
     else:
         kind = "error"
-    return SandboxResult(kind, stdout, stderr, rc, refused, exception, time.monotonic() - t0)
-
-
-def _read_status(fd: int) -> dict:
-    chunks = []
-    while True:
-        try:
-            b = os.read(fd, 65536)
-        except OSError:
-            break
-        if not b:
-            break
-        chunks.append(b)
-        if sum(map(len, chunks)) > 1 << 20:
-            break
-    try:
-        data = json.loads(b"".join(chunks).decode() or "{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
+    return SandboxResult(
+        kind,
+        _text(seen.out, lim.max_output_chars),
+        _text(seen.err, lim.max_output_chars),
+        rc,
+        refused,
+        exception,
+        seconds,
+        seen.cpu,
+        seen.rss_mb,
+    )
