@@ -70,7 +70,7 @@ def test_escape_attempt_is_stopped_or_refused(name, weak):
     if want == "cpu_limit":
         assert res.cpu_seconds >= 0.9  # the parent's own account of the CPU time
     if want == "memory_limit":
-        assert res.peak_rss_mb >= 128 and res.exception == "MemoryError"
+        assert res.exception == "MemoryError" and "MemoryError" in res.stderr
 
 
 @pytest.mark.parametrize("weak", MODES)

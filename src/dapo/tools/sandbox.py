@@ -10,9 +10,11 @@ limits. The parent supervises it with a deadline: it reads the output pipes with
 blocking, caps what it keeps, and at the deadline (or when the output passes its cap) kills
 bwrap, whose death kills the namespace and every process in it.
 
-What counts as a limit hit is decided here, from what the parent observed (its own clock,
-the bytes it read, the CPU time and peak memory the kernel reports for the process tree),
-never from what the program printed. Refusals come from the in-process audit hook
+Timeouts, CPU and output limits are decided here, from what the parent observed (its own
+clock, the bytes it read, the CPU time the kernel reports for the process tree), never from
+what the program printed. When the trainer runs as root, bwrap runs as ``nobody``: the
+sandbox's user maps to the user that starts bwrap, and root outside would pass every
+permission check on what the sandbox can see (``/proc/sys`` is root-writable). Refusals come from the in-process audit hook
 (:mod:`dapo.tools._sandbox_runner`), a second layer that turns common forbidden calls into a
 ``PermissionError`` the model can read.
 
@@ -32,6 +34,7 @@ import select
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,7 @@ BOX = "/box"  # the work directory inside the sandbox
 INNER_RUNNER = "/sandbox/runner.py"
 GRACE_SECONDS = 2.0  # after a kill, how long to wait for the pipes to close and bwrap to exit
 STATUS_CAP = 1 << 16
+NOBODY = 65534
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -61,7 +65,9 @@ class SandboxLimits:
     disk_mb: int = 16  # size of the tmpfs work directory
     max_processes: int = 16  # RLIMIT_NPROC in the weak mode (the OS sandbox allows one process)
     network_namespace: str = "auto"  # weak mode only: auto | always | never (unshare -rn)
-    audit_hook: bool = True  # the second layer; off only to test the OS boundary on its own
+    # off only in tests, to check each layer on its own: the in-process guard and the seccomp filter
+    audit_hook: bool = True
+    syscall_filter: bool = True
 
 
 @dataclass
@@ -75,7 +81,6 @@ class SandboxResult:
     exception: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -91,7 +96,6 @@ class _Observed:
     status: bytes = b""
     wait_status: int | None = None
     cpu: float = 0.0
-    rss_mb: float = 0.0
     reason: str | None = None  # timeout | output_limit: the parent killed it
 
 
@@ -109,19 +113,59 @@ def _bwrap_features() -> frozenset[str] | None:
     return frozenset(f for f in ("--size", "--disable-userns", "--perms") if f in text)
 
 
-def _interpreter() -> tuple[str, list[str], list[str]]:
-    """The base interpreter (not a venv's), the directories it needs, and its site dirs to hide."""
+def _runs_as() -> tuple[int, int] | None:
+    """The (uid, gid) bwrap runs as: ``nobody`` when the trainer is root, else the trainer's own.
+
+    The sandbox's user maps to the user that started bwrap. Started by root it would be root
+    outside for every permission check on what it can see, and a read-only view does not cover
+    everything (``/proc/sys`` is root-writable, not a mount of its own)."""
+    return (NOBODY, NOBODY) if os.geteuid() == 0 else None
+
+
+def _others_can_read(path: str) -> bool:
+    """Every directory on the way is searchable by others and the path itself readable by them."""
+    full = os.path.realpath(path)
+    try:
+        if not os.stat(full).st_mode & stat.S_IROTH:
+            return False
+        parent = os.path.dirname(full)
+        while True:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            if parent == os.path.dirname(parent):
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=2)
+def _interpreter(as_other_user: bool) -> tuple[str, list[str], list[str]] | None:
+    """The interpreter to run in the sandbox, the directories it needs, and its site dirs to hide.
+
+    The trainer's base interpreter (not a venv's) when the sandbox user can read it, else the
+    system's ``/usr/bin/python3``; only the standard library is used."""
     exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
     if not any(exe.startswith(p + os.sep) for p in prefixes):
         prefixes.add(os.path.dirname(exe))
-    hide = [os.path.realpath(d) for d in site.getsitepackages(sorted(prefixes)) if os.path.isdir(d)]
-    return exe, sorted(prefixes), hide
+    for cand, dirs in ((exe, sorted(prefixes)), (os.path.realpath("/usr/bin/python3"), ["/usr"])):
+        if not os.path.isfile(cand) or (as_other_user and not all(map(_others_can_read, [cand, *dirs]))):
+            continue
+        hide = [os.path.realpath(d) for d in site.getsitepackages(dirs) if os.path.isdir(d)]
+        return cand, dirs, hide
+    return None
 
 
-def bwrap_argv(lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int) -> list[str]:
+def bwrap_argv(
+    lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int, runner_fd: int
+) -> list[str] | None:
+    """The bwrap command line, or None when no interpreter is readable by the sandbox user."""
     feats = _bwrap_features() or frozenset()
-    exe, prefixes, hide = _interpreter()
+    interp = _interpreter(_runs_as() is not None)
+    if interp is None:
+        return None
+    exe, prefixes, hide = interp
     argv = [shutil.which("bwrap") or "bwrap"]
     argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
@@ -143,14 +187,16 @@ def bwrap_argv(lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int
             argv += ["--ro-bind", p, p]
     for d in hide:  # the interpreter's own site-packages: an empty read-only directory
         argv += ["--tmpfs", d, "--remount-ro", d]
-    argv += ["--ro-bind", str(RUNNER), INNER_RUNNER]
+    argv += ["--ro-bind-data", str(runner_fd), INNER_RUNNER]  # a copy: the package may be unreadable
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if "--size" in feats:
         argv += ["--size", str(int(lim.disk_mb) << 20)]
     if "--perms" in feats:
         argv += ["--perms", "0700"]
     argv += ["--tmpfs", BOX, "--chdir", BOX, "--remount-ro", "/dev", "--remount-ro", "/"]
-    argv += ["--seccomp", str(seccomp_fd), "--", exe, "-I", "-S", "-B", INNER_RUNNER]
+    if seccomp_fd >= 0:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--", exe, "-I", "-S", "-B", INNER_RUNNER]
     return argv + _runner_args(BOX, lim, code_fd, status_fd)
 
 
@@ -195,6 +241,11 @@ def os_boundary_problem() -> str | None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     if filter_program() is None:
         return f"no seccomp filter for this machine ({platform.machine()}); x86_64 and aarch64 only"
+    if _interpreter(_runs_as() is not None) is None:
+        return (
+            f"no Python interpreter the sandbox user (uid {NOBODY}) can read: {sys.executable}'s "
+            "directories are private and there is no /usr/bin/python3 (install the system python3)"
+        )
     res = run_python("print(6 * 7)", SandboxLimits(cpu_seconds=10, wall_seconds=60.0))
     if res.status != "ok" or res.stdout != "42\n":
         why = (res.stderr.strip().splitlines() or [res.status])[0]
@@ -224,16 +275,26 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         err_r, err_w = os.pipe()
         fds += [status_r, status_w, out_r, out_w, err_r, err_w]
         passed = [code_fd, status_w]
+        user: dict = {}
         if weak:
             argv = _weak_argv(box, lim, code_fd, status_w)
         else:
-            program = filter_program()
-            if program is None:
-                return SandboxResult("error", "", "sandbox: no seccomp filter for this machine", None)
-            seccomp_fd = _memfd("seccomp", program)
-            fds.append(seccomp_fd)
-            passed.append(seccomp_fd)
-            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd)
+            program = filter_program() if lim.syscall_filter else b""
+            runner_fd = _memfd("runner", RUNNER.read_bytes())
+            fds.append(runner_fd)
+            passed.append(runner_fd)
+            seccomp_fd = -1
+            if program:
+                seccomp_fd = _memfd("seccomp", program)
+                fds.append(seccomp_fd)
+                passed.append(seccomp_fd)
+            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd, runner_fd)
+            if argv is None or program is None:
+                why = "no interpreter the sandbox user can read" if argv is None else "no seccomp filter here"
+                return SandboxResult("error", "", f"sandbox: cannot start: {why}", None)
+            if _runs_as() is not None:
+                uid, gid = _runs_as()
+                user = {"user": uid, "group": gid, "extra_groups": []}
         try:
             proc = subprocess.Popen(
                 argv,
@@ -245,6 +306,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
                 pass_fds=passed,
                 close_fds=True,
                 start_new_session=True,
+                **user,
             )
         except OSError as exc:
             return SandboxResult("error", "", f"sandbox: could not start: {exc}", None)
@@ -306,7 +368,6 @@ def _supervise(
                     _, wait_status, usage = os.wait4(proc.pid, 0)
                     seen.wait_status, exited = wait_status, True
                     seen.cpu = usage.ru_utime + usage.ru_stime
-                    seen.rss_mb = usage.ru_maxrss / 1024
                     poller.unregister(pidfd)
                     continue
                 data = os.read(fd, 65536)
@@ -345,8 +406,11 @@ def _text(data: bytes, limit: int) -> str:
 
 
 def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
-    """The run's status from the parent's own observation; the runner's report only names refusals
-    and the exception the code ended with (it travels on its own pipe, never through the output)."""
+    """The run's status. Timeouts, CPU and output limits come from the parent's own observation
+    (its clock, the kernel's CPU account of the process tree, the bytes it read). Refusals and a
+    ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the runner's report on its own pipe, never
+    from the program's output; a program that takes over its interpreter can write that pipe too,
+    so it can claim those (a count in the metrics), never a limit the parent did not see."""
     try:
         status = json.loads(seen.status.decode() or "{}")
     except ValueError:
@@ -363,7 +427,7 @@ def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResul
         kind = seen.reason
     elif signalled and seen.cpu >= 0.9 * lim.cpu_seconds:  # RLIMIT_CPU's SIGKILL (the kernel counts in ticks)
         kind = "cpu_limit"
-    elif exception == "MemoryError" and seen.rss_mb >= lim.memory_mb / 2:
+    elif exception == "MemoryError" and rc != 0:
         kind = "memory_limit"
     elif refused:
         kind = "refused"
@@ -382,5 +446,4 @@ def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResul
         exception,
         seconds,
         seen.cpu,
-        seen.rss_mb,
     )
