@@ -346,12 +346,24 @@ def _supervise(
     }
     bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
     read_total = 0
-    pidfd = os.pidfd_open(proc.pid)
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)  # readable when the process exits
+    except OSError:  # Linux < 5.3: poll the process every 50 ms instead
+        pidfd = None
     poller = select.poll()
     for fd in (out_r, err_r, status_r, pidfd):
-        poller.register(fd, select.POLLIN)
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
     open_fds = {out_r, err_r, status_r}
     exited, give_up = False, None
+
+    def reap(flags: int) -> bool:
+        pid, wait_status, usage = os.wait4(proc.pid, flags)
+        if pid:
+            seen.wait_status = wait_status
+            seen.cpu = usage.ru_utime + usage.ru_stime
+        return bool(pid)
+
     try:
         while open_fds or not exited:
             now = time.monotonic()
@@ -362,12 +374,13 @@ def _supervise(
                 give_up = now + GRACE_SECONDS
             if give_up is not None and now >= give_up:
                 break
-            until = give_up if give_up is not None else deadline
-            for fd, _ in poller.poll(max(0.0, until - now) * 1000 + 1):
+            wait_s = (give_up if give_up is not None else deadline) - now
+            if pidfd is None and not exited:
+                wait_s = min(wait_s, 0.05)
+                exited = reap(os.WNOHANG)
+            for fd, _ in poller.poll(max(0.0, wait_s) * 1000 + 1):
                 if fd == pidfd:
-                    _, wait_status, usage = os.wait4(proc.pid, 0)
-                    seen.wait_status, exited = wait_status, True
-                    seen.cpu = usage.ru_utime + usage.ru_stime
+                    exited = reap(0)
                     poller.unregister(pidfd)
                     continue
                 data = os.read(fd, 65536)
@@ -383,13 +396,12 @@ def _supervise(
                     if read_total > lim.max_output_bytes and seen.reason is None:
                         seen.reason = "output_limit"
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
         if not exited:
             _kill(proc)
             try:  # SIGKILLed: it is gone or going; reap it if it is, never wait on it
-                pid, wait_status, _ = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    seen.wait_status = wait_status
+                reap(os.WNOHANG)
             except ChildProcessError:
                 pass
     if seen.wait_status is not None:
@@ -425,7 +437,9 @@ def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResul
     signalled = rc is not None and (rc < 0 or rc > 128)
     if seen.reason is not None:
         kind = seen.reason
-    elif signalled and seen.cpu >= 0.9 * lim.cpu_seconds:  # RLIMIT_CPU's SIGKILL (the kernel counts in ticks)
+    # RLIMIT_CPU's SIGKILL; the kernel checks the limit on tick samples and reports a scaled
+    # figure, which can fall short of the limit by several percent
+    elif signalled and seen.cpu >= 0.5 * lim.cpu_seconds:
         kind = "cpu_limit"
     elif exception == "MemoryError" and rc != 0:
         kind = "memory_limit"
