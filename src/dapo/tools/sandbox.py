@@ -63,7 +63,7 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20  # read from the program, both streams; past it the program is killed
     max_file_bytes: int = 1 << 20  # RLIMIT_FSIZE
     disk_mb: int = 16  # size of the tmpfs work directory
-    max_processes: int = 16  # RLIMIT_NPROC in the weak mode (the OS sandbox allows one process)
+    max_processes: int = 16  # RLIMIT_NPROC (threads count too; the OS sandbox allows one process)
     network_namespace: str = "auto"  # weak mode only: auto | always | never (unshare -rn)
     # off only in tests, to check each layer on its own: the in-process guard and the seccomp filter
     audit_hook: bool = True
