@@ -64,6 +64,36 @@ def small_run_args(run_dir, model_dir, task, steps: int, *extra: str) -> list[st
     )
 
 
+def tool_run_args(run_dir, model_dir, steps: int, *extra: str) -> list[str]:
+    """`dapo train --config-name tools` of ``model_dir`` on the built-in tool task: 2 prompts x 2
+    samples a step, no validation before training, dynamic sampling off, one torch thread."""
+    from dapo.data.builtin_tools import ensure_tool_task
+
+    train, test = ensure_tool_task()
+    return [
+        "train",
+        "--config-name",
+        "tools",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        "data.train_max_samples=16",
+        "data.val_max_samples=4",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.torch_threads=1",
+        "trainer.val_before_train=false",
+        "trainer.save_final_model=false",
+        "algorithm.filter_groups.enable=false",
+        "data.train_batch_size=2",
+        "data.gen_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        *extra,
+    ]
+
+
 def live_rows(run_dir: Path) -> list[dict]:
     """The rows logged so far by a run that may still be writing (a partial last line is skipped)."""
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from dapo.cli import main
 from dapo.data.builtin import write_task
-from runs import train_args
+from runs import tool_run_args, train_args
 
 
 @pytest.fixture(scope="module")
@@ -156,35 +156,16 @@ def test_two_worker_run_checkpoints_and_resumes_in_process(
 
 def test_multi_turn_tool_run_logs_turns_and_dumps_messages(tmp_path, tiny_random_model_dir):
     """The tools preset's loop runs inside `dapo train`: turn metrics and per-turn dumps."""
-    from dapo.data.builtin_tools import ensure_tool_task
-
-    train, test = ensure_tool_task()
     run_dir = tmp_path / "run"
     rc = main(
-        [
-            "train",
-            "--config-name",
-            "tools",
-            f"actor_rollout_ref.model.path={tiny_random_model_dir}",
-            f"data.train_files={train}",
-            f"data.val_files={test}",
-            "data.train_max_samples=16",
-            "data.val_max_samples=4",
-            f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=1",
-            "trainer.torch_threads=1",
-            "trainer.val_before_train=false",
+        tool_run_args(
+            run_dir,
+            tiny_random_model_dir,
+            1,
             "trainer.logger=[jsonl]",
-            "trainer.save_final_model=false",
-            "algorithm.filter_groups.enable=false",
-            "data.train_batch_size=2",
-            "data.gen_batch_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "data.max_response_length=48",
             f"trainer.rollout_data_dir={run_dir}/dumps",
-        ]
+        )
     )
     assert rc == 0
     row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])

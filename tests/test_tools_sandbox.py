@@ -20,6 +20,7 @@ from dapo.rollout.multiturn import MultiTurnRollout
 from dapo.tools import CodeInterpreterTool, load_tool_config, sandbox
 from dapo.tools.parser import format_hermes_call
 from dapo.tools.sandbox import SandboxLimits, network_namespace_available, os_boundary_problem, run_python
+from runs import tool_run_args
 
 torch.set_num_threads(1)
 NO_BWRAP = os_boundary_problem()
@@ -194,40 +195,44 @@ def test_weak_mode_warning_is_repeated_in_the_train_log_every_step(
     no_bwrap_on_path, tmp_path, tiny_random_model_dir, capsys
 ):
     from dapo.cli import main
-    from dapo.data.builtin_tools import ensure_tool_task
 
     weak_cfg = tmp_path / "weak.yaml"
     weak_cfg.write_text("tools:\n  - class_name: code_interpreter\n    config: {allow_weak_sandbox: true}\n")
-    train, test = ensure_tool_task()
     run_dir = tmp_path / "run"
     rc = main(
-        [
-            "train",
-            "--config-name",
-            "tools",
-            f"actor_rollout_ref.model.path={tiny_random_model_dir}",
+        tool_run_args(
+            run_dir,
+            tiny_random_model_dir,
+            2,
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={weak_cfg}",
-            f"data.train_files={train}",
-            f"data.val_files={test}",
-            "data.train_max_samples=16",
-            "data.val_max_samples=4",
-            f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=2",
-            "trainer.torch_threads=1",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=0",
             "trainer.logger=[console]",
-            "trainer.save_final_model=false",
+            "trainer.test_freq=0",
             "trainer.save_freq=0",
-            "algorithm.filter_groups.enable=false",
-            "data.train_batch_size=2",
-            "data.gen_batch_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "data.max_response_length=32",
-        ]
+        )
     )
     assert rc == 0
     out = capsys.readouterr().out
     assert out.count("WITHOUT an OS sandbox (allow_weak_sandbox: true") == 2, out
+
+
+HEADERS = {
+    "x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+    "aarch64": "/usr/include/asm-generic/unistd.h",  # AArch64 uses the generic table
+}
+
+
+@pytest.mark.parametrize("arch", list(HEADERS))
+def test_seccomp_syscall_numbers_match_the_kernel_headers(arch):
+    import re
+
+    from dapo.tools import _seccomp
+
+    header = Path(HEADERS[arch])
+    if not header.exists():
+        pytest.skip(f"{header} not installed (linux-libc-dev)")
+    defined = {
+        m[0]: int(m[1]) for m in re.findall(r"#define __NR(?:3264)?_(\w+)\s+(\d+)\b", header.read_text())
+    }
+    ours = {**_seccomp._UNIFIED, **_seccomp._TABLES[arch][1]}
+    assert {k: defined.get(k) for k in ours} == ours

@@ -36,6 +36,21 @@ _DENIED = (
     "acct swapon swapoff reboot quotactl syslog personality"
 ).split()
 
+# numbers from the table every architecture shares since Linux 5.1
+_UNIFIED = {
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "clone3": 435,
+    "pidfd_getfd": 438,
+    "mount_setattr": 442,
+}
 # audit arch, syscall numbers
 _TABLES: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (
@@ -44,33 +59,21 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "fork": 57,
             "vfork": 58,
             "clone": 56,
-            "clone3": 435,
             "ptrace": 101,
             "process_vm_readv": 310,
             "process_vm_writev": 311,
-            "pidfd_getfd": 438,
             "mount": 165,
             "umount2": 166,
             "pivot_root": 155,
             "chroot": 161,
             "unshare": 272,
             "setns": 308,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
             "keyctl": 250,
             "add_key": 248,
             "request_key": 249,
             "bpf": 321,
             "perf_event_open": 298,
             "userfaultfd": 323,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
             "kexec_load": 246,
             "kexec_file_load": 320,
             "init_module": 175,
@@ -86,38 +89,26 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "syslog": 103,
             "personality": 135,
         },
-    ),  # fmt: skip
+    ),
     "aarch64": (
         0xC00000B7,
         {
             "clone": 220,
-            "clone3": 435,
             "ptrace": 117,
             "process_vm_readv": 270,
             "process_vm_writev": 271,
-            "pidfd_getfd": 438,
             "mount": 40,
             "umount2": 39,
             "pivot_root": 41,
             "chroot": 51,
             "unshare": 97,
             "setns": 268,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
             "keyctl": 219,
             "add_key": 217,
             "request_key": 218,
             "bpf": 280,
             "perf_event_open": 241,
             "userfaultfd": 282,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
             "kexec_load": 104,
             "kexec_file_load": 294,
             "init_module": 105,
@@ -133,7 +124,7 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "syslog": 116,
             "personality": 92,
         },
-    ),  # fmt: skip
+    ),
 }
 _ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -144,7 +135,7 @@ def filter_program(machine: str | None = None) -> bytes | None:
     table = _TABLES.get(_ALIASES.get(machine, machine))
     if table is None:
         return None
-    arch, nr = table
+    arch, nr = table[0], {**_UNIFIED, **table[1]}
     # instructions as (code, jt, jf, k) where jt/jf are labels resolved below
     prog: list[tuple[int, object, object, int]] = [
         (_LD_ABS, 0, 0, _ARCH),
