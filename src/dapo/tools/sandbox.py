@@ -27,13 +27,13 @@ the machine).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import select
 import shutil
 import signal
-import site
 import stat
 import subprocess
 import sys
@@ -51,6 +51,13 @@ INNER_RUNNER = "/sandbox/runner.py"
 GRACE_SECONDS = 2.0  # after a kill, how long to wait for the pipes to close and bwrap to exit
 STATUS_CAP = 1 << 16
 NOBODY = 65534
+# installed packages under an interpreter's prefix, hidden behind an empty directory
+_SITE_DIRS = (
+    "lib/python3*/site-packages",
+    "lib/python3*/dist-packages",
+    "lib/python3/dist-packages",
+    "local/lib/python3*/dist-packages",
+)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -152,7 +159,8 @@ def _interpreter(as_other_user: bool) -> tuple[str, list[str], list[str]] | None
     for cand, dirs in ((exe, sorted(prefixes)), (os.path.realpath("/usr/bin/python3"), ["/usr"])):
         if not os.path.isfile(cand) or (as_other_user and not all(map(_others_can_read, [cand, *dirs]))):
             continue
-        hide = [os.path.realpath(d) for d in site.getsitepackages(dirs) if os.path.isdir(d)]
+        found = (glob.glob(os.path.join(d, pat)) for d in dirs for pat in _SITE_DIRS)
+        hide = sorted({os.path.realpath(p) for paths in found for p in paths if os.path.isdir(p)})
         return cand, dirs, hide
     return None
 
