@@ -78,7 +78,8 @@ class Trainer:
         set_seed(int(tr.seed))
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._setup_model()
+        self.model_path, self.tokenizer, self.model, self.device = build_policy(cfg, self.print)
+        self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print)
         self.train_rows, self.val_rows, self.sampler = build_prompt_data(
             cfg, self.tokenizer, self.rollout.prompt_width, self.print
         )
@@ -103,10 +104,6 @@ class Trainer:
         resume_trainer(self)
 
     # ---------------------------------------------------------------- setup
-
-    def _setup_model(self) -> None:
-        self.model_path, self.tokenizer, self.model, self.device = build_policy(self.cfg, self.print)
-        self.rollout = RolloutRunner(self.cfg, self.model, self.tokenizer, self.print)
 
     def _setup_algorithm(self) -> None:
         cfg, tr = self.cfg, self.cfg.trainer
