@@ -110,3 +110,8 @@ def dump_batch(
     keys = reward_extra_keys if reward_extra_keys is not None else ()
     extras = {k: list(batch.non_tensors[k]) for k in keys if k in batch.non_tensors}
     return dump_generations(dump_dir, step, inputs, outputs, gts, scores, extras)
+
+
+def turn_keys(batch: Any) -> list[str]:
+    """Multi-turn columns that dumps show: every turn's messages, turn and tool-call counts."""
+    return [k for k in ("messages", "num_turns", "tool_call_counts") if k in batch.non_tensors]

@@ -1,4 +1,6 @@
-"""Profiler traces for chosen steps, FLOPs-per-token / MFU estimates and peak memory.
+"""Phase timers, profiler traces for chosen steps, FLOPs-per-token / MFU estimates and peak memory.
+
+* :class:`Timer` adds up the seconds of each named phase (``with timer("gen"): ...``).
 
 * :func:`profile_step` wraps one training step in ``torch.profiler`` when the step is listed
   in ``trainer.profile_steps`` and writes a Chrome trace (open in chrome://tracing or Perfetto).
@@ -16,13 +18,35 @@ import contextlib
 import os
 import resource
 import sys
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 GiB = 1024**3
+
+
+@dataclass
+class Timer:
+    """Seconds per phase, accumulated over every entry of the phase."""
+
+    raw: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.raw[name] = self.raw.get(name, 0.0) + time.perf_counter() - t0
+
+    def add(self, other: Timer) -> None:
+        """Add ``other``'s phases to this timer's."""
+        for k, v in other.raw.items():
+            self.raw[k] = self.raw.get(k, 0.0) + v
 
 
 @contextlib.contextmanager
@@ -162,3 +186,26 @@ def peak_memory_gb(device: torch.device | str | None = None) -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
     return rss / GiB if sys.platform == "darwin" else rss * 1024 / GiB
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The device's promised peak; on a CPU, the best matmul FLOP/s measured now (it draws from
+    the global torch generator, so callers measure once per run)."""
+    peak = promised_flops(device)
+    if peak is None and device.type == "cpu":
+        from dapo.bench.common import matmul_peak_flops
+
+        peak = matmul_peak_flops(dtype, size=512, seconds=0.3)
+    return peak
+
+
+def actor_perf_metrics(
+    model_config: Any, seq_lens: Iterable[int], seconds: float, device: torch.device, peak_flops: float | None
+) -> dict[str, float]:
+    """``perf/mfu/actor`` (when a peak is known) and ``perf/max_memory_allocated_gb`` of an update."""
+    out = {}
+    mfu = estimate_mfu(model_config, seq_lens, seconds, peak_flops=peak_flops)
+    if mfu is not None:
+        out["perf/mfu/actor"] = mfu
+    out["perf/max_memory_allocated_gb"] = peak_memory_gb(device)
+    return out

@@ -304,3 +304,20 @@ def build_trackers(
         else:
             raise ValueError(f"trainer.logger: {name!r} is not a tracker; use {', '.join(AVAILABLE)}")
     return out
+
+
+def write_summary(
+    run_dir: Path, before: Mapping[str, float], after: Mapping[str, float], **fields: Any
+) -> dict[str, Any]:
+    """``<run_dir>/summary.json``: ``fields`` (in order) and the validation before and after
+    training (``val/acc`` and the ``val-core/`` metrics). Returns the summary."""
+    summary = {
+        "run_dir": str(run_dir),
+        **fields,
+        "val_acc_before": before.get("val/acc"),
+        "val_acc_after": after.get("val/acc"),
+        "val_before": {k: v for k, v in before.items() if k.startswith("val-core/")},
+        "val_after": {k: v for k, v in after.items() if k.startswith("val-core/")},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -78,3 +78,23 @@ def process_validation_metrics(
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, bool | int | float | np.integer | np.floating | np.bool_)
+
+
+def validation_metrics(batch: Any, extra: dict[str, list]) -> dict[str, float]:
+    """A scored validation batch's metrics: verl's per-source groups, ``val/acc`` (mean of the
+    scorer's ``acc``) and, for multi-turn batches, turn and tool-call counts."""
+    reward = batch.tensors["token_level_scores"].sum(-1).tolist()
+    infos = {"reward": reward, **{k: list(v) for k, v in extra.items()}}
+    if "num_turns" in batch.non_tensors:
+        from dapo.rollout.multiturn import multiturn_metrics
+
+        turns = {k: list(batch[k]) for k in ("num_turns", "tool_call_counts")}
+        turn_metrics = multiturn_metrics(turns, prefix="val-aux/")
+    else:
+        turn_metrics = {}
+    out = process_validation_metrics(list(batch["data_source"]), list(batch["uid"]), infos)
+    acc = [float(a) for a in extra.get("acc", [])]
+    if acc:
+        out["val/acc"] = float(np.mean(acc))
+    out.update(turn_metrics)
+    return out

@@ -25,6 +25,7 @@ divergence between the two policies leaves a hard trust region; see
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -37,6 +38,7 @@ __all__ = [
     "compute_is_metrics",
     "compute_offpolicy_metrics",
     "compute_rollout_correction",
+    "apply_rollout_correction",
     "ROLLOUT_RS_OPTIONS",
     "compute_rollout_rejection_mask",
 ]
@@ -428,3 +430,25 @@ def compute_rollout_correction(
         metrics.update(rs_metrics)
     metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
     return weights, new_mask, {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
+
+
+def apply_rollout_correction(tensors: dict[str, torch.Tensor], rc: Any) -> dict[str, float]:
+    """``algorithm.rollout_correction`` on a batch's tensors, in place: ``rollout_is_weights``
+    (when computed) and the ``response_mask`` after rejection. Nothing happens (and no metrics)
+    unless ``rollout_is`` or ``rollout_rs`` is set and the batch has the sampler's log-probs."""
+    if not (rc.rollout_is or rc.rollout_rs) or "rollout_log_probs" not in tensors:
+        return {}
+    weights, mask, metrics = compute_rollout_correction(
+        tensors["old_log_probs"],
+        tensors["rollout_log_probs"],
+        tensors["response_mask"].float(),
+        rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold,
+    )
+    if weights is not None:
+        tensors["rollout_is_weights"] = weights
+    tensors["response_mask"] = mask.to(tensors["response_mask"].dtype)
+    return metrics

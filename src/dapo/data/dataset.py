@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,3 +157,58 @@ class PromptSampler:
         self.position = int(state["position"])
         self.served = int(state["served"])
         self._order = self._make_order(self.epoch)
+
+
+def build_prompt_data(
+    cfg: Any, tokenizer: Any, prompt_width: int, log: Callable[[str], None] = print
+) -> tuple[list[PromptRow], list[PromptRow], PromptSampler]:
+    """``data.*``'s train and validation prompts and the train sampler. Without
+    ``data.train_files``, the built-in task (the tool task when multi-turn is on) is written to
+    the cache and used, with its test split for validation unless ``data.val_files`` is set."""
+    d = cfg.data
+    train_files, val_files = d.train_files, d.val_files
+    if train_files is None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        from dapo.data.builtin_tools import ensure_tool_task
+
+        tr_path, te_path = ensure_tool_task()
+        train_files = str(tr_path)
+        val_files = val_files if val_files is not None else str(te_path)
+    elif train_files is None:
+        from dapo.data.builtin import task_fingerprint, write_task
+        from dapo.model.tiny import cache_dir
+
+        tr_path, te_path = write_task(cache_dir() / "data" / f"arithmetic-{task_fingerprint()}")
+        train_files = str(tr_path)
+        val_files = val_files if val_files is not None else str(te_path)
+    common = dict(
+        prompt_key=d.prompt_key,
+        reward_fn_key=d.reward_fn_key,
+        filter_overlong_prompts=d.filter_overlong_prompts,
+        truncation=d.truncation,
+        chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
+    )
+    train_rows, stats = load_prompts(
+        train_files,
+        tokenizer,
+        prompt_width,
+        max_samples=d.train_max_samples,
+        files_key="data.train_files",
+        **common,
+    )
+    val_rows: list[PromptRow] = []
+    if val_files is not None:
+        val_rows, _ = load_prompts(
+            val_files,
+            tokenizer,
+            prompt_width,
+            max_samples=d.val_max_samples,
+            files_key="data.val_files",
+            **common,
+        )
+    seed = int(d.seed if d.seed is not None else cfg.trainer.seed)
+    sampler = PromptSampler(train_rows, seed=seed, shuffle=d.shuffle)
+    log(
+        f"data: {len(train_rows)} train prompts, {len(val_rows)} validation prompts"
+        + (f" ({stats['filtered_overlong']} over-long filtered)" if stats["filtered_overlong"] else "")
+    )
+    return train_rows, val_rows, sampler

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -65,3 +67,33 @@ def _check_dir(path: str | Path) -> Path:
             "point it at a directory written by save_pretrained, or leave it unset for the built-in tiny model"
         )
     return p
+
+
+def build_policy(
+    cfg: Any, log: Callable[[str], None] = print
+) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, torch.device]:
+    """The policy of ``actor_rollout_ref.model`` (the built-in tiny model when no path is set),
+    its tokenizer and its device: ``(path, tokenizer, model, device)``, the model in train mode."""
+    from dapo.actor.precision import resolve_model_dtype
+    from dapo.model.tiny import ensure_tiny_model
+
+    m = cfg.actor_rollout_ref.model
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and not m.path:
+        from dapo.tools.tiny_model import ensure_tiny_tool_model
+
+        path = str(ensure_tiny_tool_model(log=log))
+    else:
+        path = m.path or str(ensure_tiny_model(log=log))
+    tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
+    if m.custom_chat_template:
+        tokenizer.chat_template = m.custom_chat_template
+    device = torch.device("cuda" if cfg.trainer.device == "cuda" else "cpu")
+    dtype = resolve_model_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, device)
+    model = load_model(path, dtype=dtype, trust_remote_code=m.trust_remote_code)
+    for k, v in (m.override_config or {}).items():
+        setattr(model.config, k, v)
+    if m.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    model.to(device)
+    return path, tokenizer, model, device

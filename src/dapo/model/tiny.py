@@ -27,6 +27,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dapo.data.builtin import TIER_WEIGHTS, Problem, split_problems
 from dapo.model.tokenizer import build_char_tokenizer
+from dapo.optim import sft_optimizer, sft_step
 
 TINY_NAME = "tiny-arith"
 # Probability that a warm-start target is the right answer, by tier. Hard products are
@@ -187,24 +188,6 @@ def build_tiny_model(
         "target_accuracy": TARGET_ACCURACY,
         "seconds": round(time.time() - t0, 1),
     }
-
-
-def sft_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup: int):
-    """AdamW with a linear warm-up over ``warmup`` steps and a linear decay to 5% at ``steps``."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps)
-    )
-    return opt, sched
-
-
-def sft_step(model: torch.nn.Module, loss: torch.Tensor, opt, sched) -> None:
-    """One warm-start update: backward, clip the gradient norm at 1, step the optimizer and LR."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    sched.step()
 
 
 def _sft_batch(tok, problems: list[Problem], rng: random.Random, clean: bool = False):

@@ -8,9 +8,11 @@ generic loop over the model's own forward with its own cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from dapo.batch import Batch
 from dapo.rollout.decoder_fn import supports
 from dapo.rollout.engine import FastEngine
 from dapo.rollout.sampling_ops import sample_tokens
@@ -35,6 +37,38 @@ class RolloutOutput:
     response_mask: torch.Tensor  # [B, R]
     rollout_log_probs: torch.Tensor  # [B, R], 0 on padding
     truncated: torch.Tensor  # [B] bool: hit response_length without EOS
+
+    def full_attention_mask(self, rows: list[dict[str, Any]]) -> torch.Tensor:
+        """[B, P+R]: each row's prompt tokens (``rows``' ``prompt_ids``, left-padded) and its response."""
+        width, n = self.prompts.shape[1], self.prompts.shape[0] // max(1, len(rows))
+        lengths = torch.tensor([len(r["prompt_ids"]) for r in rows for _ in range(n)])
+        prompt_mask = (torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+        return torch.cat([prompt_mask, self.response_mask], dim=1)
+
+    def to_batch(self, rows: list[dict[str, Any]], non_tensors: dict[str, list] | None = None) -> Batch:
+        """The trainer's batch: these trajectories with their prompts' rows (each repeated for its
+        ``n`` samples) and any further per-trajectory columns."""
+        attention_mask = self.full_attention_mask(rows)
+        rep = [r for r in rows for _ in range(self.prompts.shape[0] // max(1, len(rows)))]
+        return Batch(
+            tensors={
+                "prompts": self.prompts,
+                "responses": self.responses,
+                "input_ids": torch.cat([self.prompts, self.responses], dim=1),
+                "attention_mask": attention_mask,
+                "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+                "response_mask": self.response_mask,
+                "rollout_log_probs": self.rollout_log_probs,
+            },
+            non_tensors={
+                "index": [r["index"] for r in rep],
+                "data_source": [r["data_source"] for r in rep],
+                "reward_model": [r["reward_model"] for r in rep],
+                "extra_info": [r["extra_info"] for r in rep],
+                "truncated": self.truncated.tolist(),
+                **(non_tensors or {}),
+            },
+        )
 
 
 def left_pad(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

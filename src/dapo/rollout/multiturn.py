@@ -58,6 +58,11 @@ ERROR_KINDS = (
 class MultiTurnOutput(RolloutOutput):
     attention_mask: torch.Tensor = field(default=None)  # type: ignore[assignment]  # [B, P+R]
 
+    def full_attention_mask(self, rows: list[dict[str, Any]]) -> torch.Tensor:
+        # the prompts carry the tool schemas, so the rows' own prompt_ids do not give their lengths;
+        # tool tokens are attended to (attention 1) but never trained on (response_mask 0)
+        return self.attention_mask
+
 
 @dataclass
 class MultiTurnSettings:

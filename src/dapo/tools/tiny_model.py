@@ -202,7 +202,8 @@ def build_tiny_tool_model(
     from dapo.data.builtin import split_problems
     from dapo.data.builtin_tools import tool_problems
     from dapo.model.loader import load_tokenizer
-    from dapo.model.tiny import sft_optimizer, sft_step, tiny_config
+    from dapo.model.tiny import tiny_config
+    from dapo.optim import sft_optimizer, sft_step
 
     torch.manual_seed(seed)
     rng = random.Random(seed)

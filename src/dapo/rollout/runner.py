@@ -1,0 +1,107 @@
+"""What the trainer generates with: the sampler (single- or multi-turn) built from the config,
+the sampling parameters of training and validation, and, with prefetch, the sampler's own copy
+of the weights."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from dapo.batch import Batch
+from dapo.rollout.hf import HFRollout, SamplingParams
+
+
+class RolloutRunner:
+    def __init__(
+        self, cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, log: Callable[[str], None] = print
+    ):
+        r = cfg.actor_rollout_ref.rollout
+        self.rollout_cfg = r
+        self.prompt_width = int(r.prompt_length or cfg.data.max_prompt_length)
+        self.response_length = int(r.response_length or cfg.data.max_response_length)
+        self.policy = model
+        eos = tokenizer.eos_token_id
+        gen_eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        # with prefetch, generation runs on its own copy of the weights (refreshed before each
+        # prefetch and each validation) while the optimizer updates the model in place
+        self.model: torch.nn.Module | None = None
+        if cfg.algorithm.filter_groups.prefetch:
+            self.model = copy.deepcopy(model).eval().requires_grad_(False)
+            if not cfg.algorithm.rollout_correction.rollout_is:
+                log(
+                    "warning: algorithm.filter_groups.prefetch trains on groups one policy update stale "
+                    "with no importance weights; set algorithm.rollout_correction.rollout_is=token to "
+                    "correct for the drift (on the built-in task, learning collapsed without it)"
+                )
+        self.engine = HFRollout(
+            self.model if self.model is not None else model,
+            [e for e in eos_ids if e is not None],
+            tokenizer.pad_token_id,
+            seed=int(cfg.trainer.seed),
+        )
+        self.multi_turn = None
+        if r.multi_turn.enable:  # generate -> tool calls -> tool messages (response_mask 0) -> ...
+            from dapo.rollout.multiturn import MultiTurnRollout
+
+            self.multi_turn = MultiTurnRollout.from_config(self.engine, tokenizer, r.multi_turn)
+
+    def sampling_params(self, validate: bool = False) -> SamplingParams:
+        """``rollout.*`` for training, ``rollout.val_kwargs.*`` for validation."""
+        src = self.rollout_cfg.val_kwargs if validate else self.rollout_cfg
+        return SamplingParams(
+            n=src.n,
+            temperature=src.temperature,
+            top_p=src.top_p,
+            top_k=src.top_k,
+            do_sample=src.do_sample,
+            response_length=self.response_length,
+        )
+
+    def sync_weights(self) -> None:
+        """Copy the policy's current weights into the sampler's own copy (with prefetch)."""
+        if self.model is None:
+            return
+        with torch.no_grad():
+            for dst, src in zip(self.model.parameters(), self.policy.parameters(), strict=True):
+                dst.copy_(src)
+
+    def generate(self, rows: list[dict], params: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        """``params.n`` trajectories per row as a batch, and the multi-turn loop's tool counters."""
+        if self.multi_turn is None:
+            out = self.engine.generate(
+                [r["prompt_ids"] for r in rows], params, prompt_width=self.prompt_width
+            )
+            return out.to_batch(rows), {}
+        out, info = self.multi_turn.generate(rows, params, self.prompt_width)
+        metrics = {
+            k: v
+            for k, v in self.multi_turn.last_metrics.items()
+            if k.startswith("tools/") and k != "tools/call_rate"
+        }
+        turn_info = {k: list(info[k]) for k in ("num_turns", "tool_call_counts", "messages") if k in info}
+        return out.to_batch(rows, turn_info), metrics
+
+    def generate_validation(self, rows: list[Any], batch_size: int, seed: int) -> Batch:
+        """Every validation row (``as_dict()`` rows) with ``val_kwargs`` sampling and ``uid``
+        ``val-<index>``, in chunks of ``batch_size``, on the current weights and a generator seeded
+        with ``seed``: the numbers depend only on the weights, and the training generator is left
+        where it was."""
+        self.sync_weights()
+        train_generator = self.engine.generator
+        self.engine.generator = torch.Generator().manual_seed(seed)
+        try:
+            params = self.sampling_params(validate=True)
+            batches = []
+            for s in range(0, len(rows), batch_size):
+                chunk = [r.as_dict() for r in rows[s : s + batch_size]]
+                b, _ = self.generate(chunk, params)
+                b["uid"] = [f"val-{r['index']}" for r in chunk for _ in range(params.n)]
+                batches.append(b)
+        finally:
+            self.engine.generator = train_generator
+        return Batch.concat(batches)

@@ -1,0 +1,74 @@
+"""Saving and resuming a trainer: the checkpoint (:mod:`dapo.checkpoint`) plus everything the
+loop needs to continue exactly (prompt sampler and batcher positions, KL coefficient,
+non-finite step count, the sampler's generators and a prefetched batch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dapo.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+
+if TYPE_CHECKING:
+    from dapo.trainer import Trainer
+
+
+def trainer_state(t: Trainer) -> dict[str, Any]:
+    """The loop's own state, saved beside the model and optimizer."""
+    return {
+        "sampler": t.sampler.state_dict(),
+        "batcher": t.batcher.state_dict(),
+        "kl_coef": t.kl_ctrl.value if t.kl_ctrl is not None else None,
+        "nonfinite_steps": t.actor.nonfinite_steps,
+        "rollout_generator": t.rollout.engine.generator,
+        "rollout_device_generators": dict(t.rollout.engine._device_generators),
+        "prefetched": t.prefetcher.state_dict(),
+    }
+
+
+def save_trainer(t: Trainer) -> None:
+    """Checkpoint ``t`` at its global step (worker ranks write their own shards)."""
+
+    def save_sharded(ckpt_dir: Path) -> None:
+        # worker ranks' model and optimizer shards (torch.distributed.checkpoint, any world size)
+        t.actor.save_sharded(str(ckpt_dir / "actor" / "dcp"))
+
+    save_checkpoint(
+        t.run_dir,
+        t.global_step,
+        model=t.model,
+        tokenizer=t.tokenizer,
+        optimizer=t.optimizer,
+        scheduler=t.scheduler,
+        trainer_state=trainer_state(t),
+        max_to_keep=t.cfg.trainer.max_actor_ckpt_to_keep,
+        extra_writer=save_sharded if t.actor.world_size > 1 else None,
+    )
+
+
+def resume_trainer(t: Trainer) -> None:
+    """Continue from the latest complete checkpoint (trainer.resume_mode), exactly."""
+    tr = t.cfg.trainer
+    path = find_resume_checkpoint(t.run_dir, tr.resume_mode, tr.resume_from_path)
+    if path is None:
+        return
+    st = load_checkpoint(
+        path, t.model, t.optimizer, t.scheduler, generators={"rollout_generator": t.rollout.engine.generator}
+    )
+    t.global_step = int(st["global_step"])
+    dcp_dir = path / "actor" / "dcp"
+    if dcp_dir.exists():  # saved by worker ranks; loads at any world size
+        if t.actor.world_size > 1:
+            t.actor.load_sharded(str(dcp_dir))
+        else:
+            from dapo.distributed.fsdp_worker import load_sharded
+
+            load_sharded(t.model, t.optimizer, str(dcp_dir))
+    t.sampler.load_state_dict(st["sampler"])
+    t.batcher.load_state_dict(st["batcher"])
+    if t.kl_ctrl is not None and st.get("kl_coef") is not None:
+        t.kl_ctrl.value = float(st["kl_coef"])
+    t.actor.nonfinite_steps = int(st["nonfinite_steps"])
+    t.prefetcher.load_state_dict(st.get("prefetched"))
+    t.rollout.engine._device_generators.update(st.get("rollout_device_generators") or {})
+    t.print(f"resumed from {path} (step {t.global_step})")
