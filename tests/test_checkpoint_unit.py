@@ -1,5 +1,6 @@
 """checkpoint.py: atomic layout, bitwise round trip of weights/optimizer/scheduler/RNG/generators,
-completeness checks, resume modes, pruning."""
+completeness checks, resume modes, pruning (verification, fallback and disk space:
+test_checkpoint_trust.py)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,9 @@ def test_cut_off_directory_is_never_latest(tmp_path, setup):
     shutil.copytree(good, bad)
     (bad / MANIFEST).unlink()
     (tmp_path / LATEST_FILE).write_text("3\n")
-    with pytest.warns(UserWarning, match="step 3.*missing or incomplete.*global_step_2"):
+    with pytest.warns(
+        UserWarning, match="skipping checkpoint global_step_3: .*dapo_checkpoint.json: missing"
+    ):
         assert find_resume_checkpoint(tmp_path, "auto") == good
     # step 4: manifest present but a file truncated
     bad4 = tmp_path / "global_step_4"
@@ -139,14 +142,16 @@ def test_cut_off_directory_is_never_latest(tmp_path, setup):
     opt_file = bad4 / "actor" / "optimizer.pt"
     opt_file.write_bytes(opt_file.read_bytes()[:100])
     (tmp_path / LATEST_FILE).write_text("4\n")
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match="global_step_4.*optimizer.pt: 100 bytes.*truncated"):
         assert find_resume_checkpoint(tmp_path, "auto") == good
     # a leftover temp dir of an interrupted save is not a checkpoint either
     shutil.copytree(good, tmp_path / ".global_step_5.tmp-123")
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 2]
     with pytest.raises(CheckpointError, match="optimizer.pt"):
         load_checkpoint(bad4, model, opt, sched)
-    with pytest.raises(CheckpointError, match="trainer.resume_from_path.*no dapo_checkpoint.json"):
+    with pytest.raises(
+        CheckpointError, match="trainer.resume_from_path: .*global_step_3/dapo_checkpoint.json: missing"
+    ):
         find_resume_checkpoint(tmp_path, "resume_path", str(bad))
     # the next save cleans the temp dir and replaces the cut-off step-3 directory
     save_checkpoint(tmp_path, 3, model=model, optimizer=opt, scheduler=sched, trainer_state={})

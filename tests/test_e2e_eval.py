@@ -1,7 +1,10 @@
-"""`dapo eval` on a run's final model prints the run's last validation numbers (same seed)."""
+"""`dapo eval` on a run's final model prints the run's last validation numbers (same seed), and
+`dapo eval --model M` scores M even in a run directory holding a checkpoint of other weights."""
 
 import json
 from pathlib import Path
+
+import pytest
 
 from dapo.cli import main
 from dapo.data.builtin import write_task
@@ -9,7 +12,10 @@ from dapo.data.builtin import write_task
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_eval_reproduces_last_validation(tmp_path, tiny_random_model_dir, capsys):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_random_model_dir):
+    """(run_dir, common eval args): two steps with validation before and after, a checkpoint at step 2."""
+    tmp_path = tmp_path_factory.mktemp("eval")
     train, test = write_task(tmp_path / "data", train_size=24, test_size=12)
     common = [
         f"data.train_files={train}",
@@ -28,8 +34,9 @@ def test_eval_reproduces_last_validation(tmp_path, tiny_random_model_dir, capsys
                 f"actor_rollout_ref.model.path={tiny_random_model_dir}",
                 f"trainer.default_local_dir={run_dir}",
                 "trainer.total_training_steps=2",
+                "trainer.save_freq=2",
                 "trainer.logger=[jsonl]",
-                "trainer.val_before_train=false",
+                "trainer.val_before_train=true",
                 "data.train_batch_size=4",
                 "data.gen_batch_size=4",
                 "actor_rollout_ref.rollout.n=4",
@@ -41,22 +48,38 @@ def test_eval_reproduces_last_validation(tmp_path, tiny_random_model_dir, capsys
         )
         == 0
     )
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    return run_dir, common
+
+
+def _val_core(row):
+    return {k: v for k, v in row.items() if k.startswith("val-core/")}
+
+
+def _eval(capsys, model, run_dir, common):
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(run_dir / "final_model"),
-                *common,
-                f"trainer.default_local_dir={tmp_path / 'eval'}",
-            ]
-        )
-        == 0
-    )
-    printed = dict(line.split(" = ") for line in capsys.readouterr().out.splitlines() if " = " in line)
-    core = {k: v for k, v in last.items() if k.startswith("val-core/")}
+    assert main(["eval", "--model", str(model), *common, f"trainer.default_local_dir={run_dir}"]) == 0
+    return dict(line.split(" = ") for line in capsys.readouterr().out.splitlines() if " = " in line)
+
+
+def _assert_same(printed, core):
     assert core and set(core) <= set(printed)
     for k, v in core.items():
         assert float(printed[k]) == round(v, 6) or abs(float(printed[k]) - v) < 1e-6, k
+
+
+def test_eval_reproduces_last_validation(trained, tmp_path, capsys):
+    run_dir, common = trained
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    printed = _eval(capsys, run_dir / "final_model", tmp_path / "eval", common)
+    _assert_same(printed, _val_core(last))
+
+
+def test_eval_never_loads_a_checkpoint_over_the_model(trained, tiny_random_model_dir, capsys):
+    run_dir, common = trained
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    before = _val_core(next(r for r in rows if r["step"] == 0))  # the untrained model's numbers
+    after = _val_core(rows[-1])
+    assert (run_dir / "global_step_2").is_dir() and before != after, "the checkpoint must score differently"
+    # evaluated in the run directory, beside the step-2 checkpoint: the given model's numbers
+    printed = _eval(capsys, tiny_random_model_dir, run_dir, common)
+    _assert_same(printed, before)

@@ -131,7 +131,7 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
 
 
 @pytest.mark.slow
-def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, mod3_task):
+def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, mod3_task, capsys):
     from dapo.checkpoint import MANIFEST, find_resume_checkpoint, is_complete
 
     run = tmp_path / "run"
@@ -145,13 +145,31 @@ def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model
     (bad / MANIFEST).unlink()
     (bad / "trainer_state.json").unlink()
     (run / "latest_checkpointed_iteration.txt").write_text("3\n")
-    with pytest.warns(UserWarning, match="incomplete"):
+    with pytest.warns(
+        UserWarning, match="skipping checkpoint global_step_3: .*dapo_checkpoint.json: missing"
+    ):
         assert find_resume_checkpoint(run, "auto") == good
 
-    # the trainer resumes from step 2 (not the broken 3), trains step 3 and replaces the broken dir
+    # the trainer resumes from step 2 (not the broken 3), saying why in one line, trains step 3
+    # and replaces the broken dir
     n_rows = len((run / "metrics.jsonl").read_text().splitlines())
-    with pytest.warns(UserWarning, match="incomplete"):
-        assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=3")) == 0
+    capsys.readouterr()
+    assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=3")) == 0
+    out = capsys.readouterr().out
+    assert f"warning: skipping checkpoint global_step_3: {bad / MANIFEST}: missing" in out.replace("\n", "")
+    assert f"resumed from {good} (step 2)" in out.replace("\n", "")
     new_steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()[n_rows:]]
     assert new_steps == [3]
     assert is_complete(bad) and _latest(run) == 3
+
+    # every checkpoint damaged: the run stops with one line instead of starting over from step 0
+    for step in (1, 2, 3):
+        f = run / f"global_step_{step}" / "actor" / "optimizer.pt"
+        data = bytearray(f.read_bytes())
+        data[-100] ^= 0xFF
+        f.write_bytes(bytes(data))
+    assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=4")) == 2
+    (err,) = [x for x in capsys.readouterr().err.splitlines() if "dapo:" in x or "Traceback" in x]
+    assert err.startswith(f"dapo: no usable checkpoint in {run}: ") and "optimizer.pt: sha256" in err
+    assert "trainer.resume_mode=disable" in err
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == n_rows + 1

@@ -1,22 +1,26 @@
-"""Atomic checkpoints and exact resume.
+"""Atomic, verified checkpoints and exact resume.
 
 Layout of one checkpoint (``<run_dir>/global_step_<N>/``)::
 
     actor/huggingface/     the model and tokenizer, Hugging Face format (``from_pretrained`` loads it)
     actor/optimizer.pt     optimizer state_dict
     actor/scheduler.pt     LR scheduler state_dict
+    actor/dcp/             the worker ranks' model and optimizer shards (only with several ranks)
     rng_state.pt           python, numpy, torch CPU (and CUDA) RNG states + every torch.Generator
                            found in the trainer state
     trainer_state.json     the JSON-able trainer state (global step, sampler position, batcher
                            state with its carried-over pool, KL coefficient, ...)
-    dapo_checkpoint.json   the manifest, written last: step, format version, every file and its size
+    dapo_checkpoint.json   the manifest, written last: step, format, every file's size and sha256
 
-A checkpoint is written into a hidden temporary directory next to its final place and renamed
-onto ``global_step_<N>`` in one ``os.rename``; ``latest_checkpointed_iteration.txt`` (verl's
-name, holding ``N``) is then replaced atomically (temp file + ``os.replace``). A directory is only
-ever taken as a checkpoint when its manifest exists and every file it lists is there with the
-listed size, so a directory cut off mid-write (a crash, a full disk, a copy interrupted by
-hand) is never resumed from.
+A checkpoint is written into a hidden temporary directory next to its final place, flushed, and
+renamed onto ``global_step_<N>`` in one ``os.rename``; ``latest_checkpointed_iteration.txt``
+(verl's name, holding ``N``) is then replaced atomically. A directory without a manifest was cut
+off and is never resumed from. Resume verifies the whole checkpoint against its manifest
+(:mod:`dapo.checkpoint_manifest`) and never unpickles anything but plain data: ``.pt`` files go
+through ``torch.load(weights_only=True)``, DCP metadata through a restricted unpickler
+(:mod:`dapo.checkpoint_dcp`). In ``trainer.resume_mode=auto`` a damaged checkpoint is skipped,
+with a warning naming the file, for the newest earlier one that is whole. Before writing, the
+free space is checked against an estimate (:mod:`dapo.checkpoint_space`).
 """
 
 from __future__ import annotations
@@ -27,18 +31,43 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 
+from dapo import checkpoint_space
+from dapo.checkpoint_manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    check_complete,
+    error_summary,
+    read_manifest,
+    verify,
+    write_manifest,
+)
+from dapo.checkpoint_space import DiskFullError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "CheckpointError",
+    "DiskFullError",
+    "find_resume_checkpoint",
+    "load_checkpoint",
+    "resume_checkpoint",
+    "save_checkpoint",
+]
+
 CKPT_PREFIX = "global_step_"
 LATEST_FILE = "latest_checkpointed_iteration.txt"
-MANIFEST = "dapo_checkpoint.json"
-FORMAT_VERSION = 1
 HF_SUBDIR = Path("actor") / "huggingface"
+DCP_SUBDIR = Path("actor") / "dcp"
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 _STEP_RE = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
@@ -46,9 +75,11 @@ _GEN_TAG = "__torch_generator__"
 _TENSOR_TAG = "__torch_tensor__"
 TENSORS_FILE = "trainer_tensors.pt"
 
+Warn = Callable[[str], None]
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the path and the config key."""
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------ paths
@@ -73,33 +104,9 @@ def hf_model_dir(path: str | os.PathLike) -> Path:
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a manifest whose every listed file exists with its listed size."""
-    return _check_complete(Path(path)) is None
-
-
-def _check_complete(path: Path) -> str | None:
-    """None when complete, else the reason it is not."""
-    if not path.is_dir():
-        return "is not a directory"
-    mpath = path / MANIFEST
-    if not mpath.is_file():
-        return f"has no {MANIFEST} (cut off mid-write?)"
-    try:
-        manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-        step = int(manifest["step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"has an unreadable {MANIFEST} ({e})"
-    named = checkpoint_step(path)
-    if named is not None and named != step:
-        return f"is named step {named} but its manifest says step {step}"
-    for rel, size in files.items():
-        f = path / rel
-        if not f.is_file():
-            return f"is missing {rel}"
-        if f.stat().st_size != int(size):
-            return f"has {rel} of {f.stat().st_size} bytes, the manifest says {size}"
-    return None
+    """True when ``path`` holds a manifest whose every listed file exists with its listed size
+    (a cheap test: :func:`verify_checkpoint` also checks hashes, unlisted files and the step)."""
+    return check_complete(Path(path)) is None
 
 
 def list_checkpoints(run_dir: str | os.PathLike, complete_only: bool = True) -> list[tuple[int, Path]]:
@@ -112,7 +119,7 @@ def list_checkpoints(run_dir: str | os.PathLike, complete_only: bool = True) -> 
         step = checkpoint_step(p)
         if step is None or not p.is_dir():
             continue
-        if complete_only and not is_complete(p):
+        if complete_only and check_complete(p) is not None:
             continue
         out.append((step, p))
     return sorted(out)
@@ -142,6 +149,7 @@ def save_checkpoint(
     max_to_keep: int | None = None,
     fsync: bool = True,
     extra_writer: Any = None,
+    log: Warn | None = None,
 ) -> Path:
     """Write ``<run_dir>/global_step_<step>/`` atomically, then ``latest_checkpointed_iteration.txt``.
 
@@ -150,13 +158,26 @@ def save_checkpoint(
     and ``torch.Tensor`` values (e.g. the dynamic-sampling pool's batches), which go to
     ``trainer_tensors.pt`` (binary, not JSON number lists) and come back as tensors.
     ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep only the newest that many complete
-    checkpoints; None or <= 0 keeps all. ``extra_writer(tmp_dir)`` writes more files (sharded
-    worker state) into the checkpoint before its manifest. Returns the checkpoint directory.
+    checkpoints; None or <= 0 keeps all. When the free space is short of the estimate, the older
+    ones beyond it are pruned first (never the newest); if it is still short, or the disk fills
+    up part-way, :class:`DiskFullError` says so and nothing that looks like a checkpoint is left.
+    ``extra_writer(tmp_dir)`` writes more files (sharded worker state) into the checkpoint before
+    its manifest. ``log`` receives a line per checkpoint pruned for space. Returns the directory.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(run_dir, step)
     _remove_stale_tmp(run_dir)
+    generators: dict[str, torch.Generator] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    state_json = _extract(dict(trainer_state or {}), generators, tensors, "")
+    state_text = json.dumps({"global_step": int(step), **state_json}, default=_json_default)
+    done = list_checkpoints(run_dir)
+    previous = _manifest_bytes(done[-1][1]) if done else None
+    needed = checkpoint_space.estimate_bytes(
+        previous, model, optimizer, tensors.values(), sharded_copy=extra_writer is not None
+    )
+    _ensure_space(run_dir, final, needed, max_to_keep, log)
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -171,22 +192,17 @@ def save_checkpoint(
             torch.save(optimizer.state_dict(), tmp / "actor" / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "actor" / "scheduler.pt")
-        generators: dict[str, torch.Generator] = {}
-        tensors: dict[str, torch.Tensor] = {}
-        state_json = _extract(dict(trainer_state or {}), generators, tensors, "")
         torch.save(_capture_rng(generators), tmp / "rng_state.pt")
         if tensors:
             torch.save(tensors, tmp / TENSORS_FILE)
-        (tmp / "trainer_state.json").write_text(
-            json.dumps({"global_step": int(step), **state_json}, default=_json_default)
-        )
+        (tmp / "trainer_state.json").write_text(state_text)
         if extra_writer is not None:
             extra_writer(tmp)
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = {"format": FORMAT_VERSION, "step": int(step), "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if fsync:
             _fsync_tree(tmp)
+        write_manifest(tmp, step)  # last, flushed: the directory is complete from here on
+        if fsync:
+            _fsync_dir(tmp)
         if final.exists():  # re-saving a step (or replacing a cut-off directory of that name)
             trash = run_dir / f".{final.name}.old-{os.getpid()}"
             os.rename(final, trash)
@@ -196,13 +212,49 @@ def save_checkpoint(
             os.rename(tmp, final)
         if fsync:
             _fsync_dir(run_dir)
-    except BaseException:
+    except BaseException as e:
+        free_now = _free_or_none(run_dir) if isinstance(e, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and not isinstance(e, TypeError | CheckpointError):
+            if checkpoint_space.is_disk_full(e, free_now):
+                raise DiskFullError(
+                    checkpoint_space.disk_full_message(final, needed, free_now or 0, max_to_keep)
+                ) from e
         raise
     _write_atomic(run_dir / LATEST_FILE, f"{int(step)}\n", fsync=fsync)
     if max_to_keep is not None and max_to_keep > 0:
         prune_checkpoints(run_dir, max_to_keep, keep=final)
     return final
+
+
+def _ensure_space(run_dir: Path, final: Path, needed: int, max_to_keep: int | None, log: Warn | None) -> None:
+    """Raise DiskFullError unless ``needed`` bytes are free, pruning beyond ``max_to_keep`` first."""
+    free = checkpoint_space.free_bytes(run_dir)
+    if needed <= free:
+        return
+    if max_to_keep is not None and max_to_keep > 0:
+        # the new checkpoint will be one of the max_to_keep; the newest complete one always stays
+        for p in prune_checkpoints(run_dir, max(1, max_to_keep - 1)):
+            if log is not None:
+                log(f"pruned {p} before saving {final.name}: the disk is short of space")
+        free = checkpoint_space.free_bytes(run_dir)
+        if needed <= free:
+            return
+    raise DiskFullError(checkpoint_space.disk_full_message(final, needed, free, max_to_keep))
+
+
+def _free_or_none(path: Path) -> int | None:
+    try:
+        return checkpoint_space.free_bytes(path)
+    except OSError:
+        return None
+
+
+def _manifest_bytes(path: Path) -> int | None:
+    try:
+        return read_manifest(path).total_bytes
+    except CheckpointError:
+        return None
 
 
 def prune_checkpoints(run_dir: str | os.PathLike, max_to_keep: int, keep: Path | None = None) -> list[Path]:
@@ -306,16 +358,23 @@ def _capture_rng(generators: Mapping[str, torch.Generator]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ resume
 
 
-def find_resume_checkpoint(
-    run_dir: str | os.PathLike, resume_mode: str = "auto", resume_from_path: str | None = None
+def resume_checkpoint(
+    run_dir: str | os.PathLike,
+    resume_mode: str,
+    resume_from_path: str | None,
+    load: Callable[[Path], Any],
+    warn: Warn = _warn,
 ) -> Path | None:
-    """Where to resume from (``trainer.resume_mode`` / ``trainer.resume_from_path``), or None.
+    """Resume (``trainer.resume_mode`` / ``trainer.resume_from_path``): call ``load(path)`` on the
+    checkpoint to continue from and return that path, or None for a fresh start.
 
     * ``disable``: None.
-    * ``auto``: the newest *complete* checkpoint in ``run_dir``, or None for a fresh start.
-      ``latest_checkpointed_iteration.txt`` is a hint: when it names a directory that is
-      missing or incomplete, the newest complete one is taken instead (with a warning).
-    * ``resume_path``: ``resume_from_path`` (a ``global_step_N`` directory), which must be complete.
+    * ``resume_path``: ``resume_from_path`` (a ``global_step_N`` directory); a CheckpointError
+      from ``load`` stops the run.
+    * ``auto``: the ``global_step_N`` directories of ``run_dir``, newest first, until one loads;
+      each that raises CheckpointError is skipped with a warning naming the file and why. None
+      only when ``run_dir`` has no checkpoint at all; when it has some and none loads, a
+      CheckpointError says so (a damaged run is never silently restarted from step 0).
     """
     if resume_mode not in RESUME_MODES:
         raise CheckpointError(f"trainer.resume_mode={resume_mode!r} is not one of {', '.join(RESUME_MODES)}")
@@ -327,20 +386,69 @@ def find_resume_checkpoint(
                 "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)"
             )
         p = Path(resume_from_path).expanduser()
-        why = _check_complete(p)
-        if why is not None:
-            raise CheckpointError(f"trainer.resume_from_path={p} {why}: not a complete checkpoint")
+        try:
+            load(p)
+        except CheckpointError as e:
+            raise CheckpointError(f"trainer.resume_from_path: {e}") from None
         return p
-    done = list_checkpoints(run_dir)
+    run_dir = Path(run_dir)
+    candidates = sorted(list_checkpoints(run_dir, complete_only=False), reverse=True)
     latest = read_latest(run_dir)
-    if latest is not None and not any(s == latest for s, _ in done):
-        fallback = f"global_step_{done[-1][0]}" if done else "a fresh start"
-        warnings.warn(
-            f"{Path(run_dir) / LATEST_FILE} names step {latest}, whose checkpoint is missing or "
-            f"incomplete; resuming from {fallback}",
-            stacklevel=2,
+    if latest is not None and not any(s == latest for s, _ in candidates):
+        if not candidates:
+            raise CheckpointError(
+                f"{run_dir / LATEST_FILE} names step {latest}, but {run_dir} holds no global_step_N "
+                "checkpoint; put it back, or set trainer.resume_mode=disable to start from step 0"
+            )
+        warn(f"{run_dir / LATEST_FILE} names step {latest}, which has no checkpoint directory")
+    failures: list[str] = []
+    for _, p in candidates:
+        try:
+            load(p)
+        except CheckpointError as e:
+            failures.append(str(e))
+            warn(f"skipping checkpoint {p.name}: {e}")
+            continue
+        return p
+    if not failures:
+        return None
+    more = f" (and {len(failures) - 1} older checkpoint(s), see the warnings)" if len(failures) > 1 else ""
+    raise CheckpointError(
+        f"no usable checkpoint in {run_dir}: {failures[0]}{more}. Repair or remove the damaged "
+        "checkpoints, or set trainer.resume_mode=disable to start from step 0"
+    )
+
+
+def find_resume_checkpoint(
+    run_dir: str | os.PathLike,
+    resume_mode: str = "auto",
+    resume_from_path: str | None = None,
+    warn: Warn = _warn,
+) -> Path | None:
+    """The checkpoint :func:`resume_checkpoint` would continue from, checked with
+    :func:`verify_checkpoint` (no state is loaded), or None for a fresh start."""
+    return resume_checkpoint(
+        run_dir, resume_mode, resume_from_path, lambda p: verify_checkpoint(p, warn=lambda m: None), warn
+    )
+
+
+def verify_checkpoint(path: str | os.PathLike, warn: Warn = _warn) -> Manifest:
+    """Check ``path`` against its manifest (:func:`dapo.checkpoint_manifest.verify`) and its DCP
+    metadata, if any, with the restricted reader; CheckpointError naming the file that fails.
+    A checkpoint of the earlier manifest format (sizes, no hashes) passes with a warning."""
+    path = Path(path)
+    m = verify(path)
+    if not m.hashed:
+        warn(
+            f"{path / MANIFEST}: written by an earlier dapo (manifest format {m.format}: names and "
+            "sizes, no hashes); its contents are not verified"
         )
-    return done[-1][1] if done else None
+    dcp_dir = path / DCP_SUBDIR
+    if dcp_dir.exists():
+        from dapo.checkpoint_dcp import read_metadata
+
+        read_metadata(dcp_dir / ".metadata")
+    return m
 
 
 def load_checkpoint(
@@ -351,46 +459,71 @@ def load_checkpoint(
     *,
     generators: Mapping[str, torch.Generator] | None = None,
     restore_rng: bool = True,
+    warn: Warn = _warn,
 ) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and RNG states from ``path``; return the trainer state.
+    """Verify ``path`` (:func:`verify_checkpoint`), then restore weights, optimizer, scheduler and
+    RNG states from it; return the trainer state. Any file that cannot be read or does not fit
+    raises CheckpointError naming it.
 
     Generators saved from the trainer state come back in the returned dict as new
     ``torch.Generator`` objects; when ``generators`` maps the same keys (e.g.
     ``{"rollout_generator": rollout.generator}``) their states are also set in place.
     """
     path = Path(path)
-    why = _check_complete(path)
-    if why is not None:
-        raise CheckpointError(f"checkpoint {path} {why}")
+    verify_checkpoint(path, warn)
     load_model_weights(model, path / HF_SUBDIR)
     if optimizer is not None:
         f = path / "actor" / "optimizer.pt"
         if not f.exists():
-            raise CheckpointError(f"checkpoint {path} has no optimizer state")
-        optimizer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
+            raise CheckpointError(f"{f}: missing (the checkpoint has no optimizer state)")
+        with _reading(f):
+            optimizer.load_state_dict(_torch_load(f))
     if scheduler is not None:
         f = path / "actor" / "scheduler.pt"
         if not f.exists():
-            raise CheckpointError(f"checkpoint {path} has no scheduler state")
-        scheduler.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
-    rng = torch.load(path / "rng_state.pt", map_location="cpu", weights_only=True)
-    if restore_rng:
-        _restore_rng(rng)
-    restored: dict[str, torch.Generator] = {}
-    for key, g in rng["generators"].items():
-        gen = torch.Generator(device=g["device"]) if _device_ok(g["device"]) else torch.Generator()
-        gen.set_state(g["state"])
-        restored[key] = gen
-    state = json.loads((path / "trainer_state.json").read_text())
+            raise CheckpointError(f"{f}: missing (the checkpoint has no scheduler state)")
+        with _reading(f):
+            scheduler.load_state_dict(_torch_load(f))
+    f = path / "rng_state.pt"
+    with _reading(f):
+        rng = _torch_load(f)
+        if restore_rng:
+            _restore_rng(rng)
+        restored: dict[str, torch.Generator] = {}
+        for key, g in rng["generators"].items():
+            gen = torch.Generator(device=g["device"]) if _device_ok(g["device"]) else torch.Generator()
+            gen.set_state(g["state"])
+            restored[key] = gen
+    f = path / "trainer_state.json"
+    with _reading(f):
+        state = json.loads(f.read_text())
     tfile = path / TENSORS_FILE
-    tensors = torch.load(tfile, map_location="cpu", weights_only=True) if tfile.exists() else {}
-    state = _insert(state, restored, tensors)
+    with _reading(tfile):
+        tensors = _torch_load(tfile) if tfile.exists() else {}
+    with _reading(path / "trainer_state.json"):
+        state = _insert(state, restored, tensors)
     for key, live in (generators or {}).items():
         k = key if key.startswith("/") else f"/{key}"
         if k not in restored:
-            raise CheckpointError(f"checkpoint {path} has no state for generator {key!r}")
+            raise CheckpointError(f"{path / 'rng_state.pt'}: no state for generator {key!r}")
         live.set_state(restored[k].get_state())
     return state
+
+
+def _torch_load(f: Path) -> Any:
+    # plain data only: a checkpoint is input from whoever wrote it, never code
+    return torch.load(f, map_location="cpu", weights_only=True)
+
+
+@contextmanager
+def _reading(f: Path) -> Iterator[None]:
+    """Turn any failure while reading or applying ``f`` into one CheckpointError naming it."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors, pickle, JSON, shape and key errors alike
+        raise CheckpointError(f"{f}: unreadable or does not fit ({error_summary(e)})") from None
 
 
 def _device_ok(device: str) -> bool:
@@ -439,7 +572,11 @@ def load_model_weights(model: torch.nn.Module, hf_dir: str | os.PathLike) -> Non
     hf_dir = Path(hf_dir)
     index = hf_dir / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        with _reading(index):
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        for s in shards:
+            if not isinstance(s, str) or PurePosixPath(s).name != s or s in ("", ".", ".."):
+                raise CheckpointError(f"{index}: names shard {s!r}, which is not a file beside it")
         files = [hf_dir / s for s in shards]
     else:
         files = [hf_dir / "model.safetensors"]
@@ -448,8 +585,10 @@ def load_model_weights(model: torch.nn.Module, hf_dir: str | os.PathLike) -> Non
         raise CheckpointError(f"model weights not found: {', '.join(missing_files)}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        sd.update(load_file(str(f), device="cpu"))
-    result = model.load_state_dict(sd, strict=False)
+        with _reading(f):
+            sd.update(load_file(str(f), device="cpu"))
+    with _reading(files[0]):
+        result = model.load_state_dict(sd, strict=False)
     if result.unexpected_keys:
         raise CheckpointError(f"{hf_dir}: weights not in the model: {result.unexpected_keys[:5]}")
     if result.missing_keys:

@@ -72,7 +72,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         model = hf_model_dir(args.model)  # a model directory, or a global_step_N checkpoint
         overrides.append(f"actor_rollout_ref.model.path={model}")
-    overrides += ["trainer.val_only=true", "trainer.logger=[console]"]
+    # evaluation scores the model it is given: a checkpoint in the run directory never loads over it
+    overrides += ["trainer.val_only=true", "trainer.logger=[console]", "trainer.resume_mode=disable"]
     args.overrides = overrides
     cfg = _load(args)
     console = Console(highlight=False, soft_wrap=True)

@@ -4,10 +4,11 @@ non-finite step count, the sampler's generators and a prefetched batch)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from dapo.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     from dapo.trainer import Trainer
@@ -43,17 +44,33 @@ def save_trainer(t: Trainer) -> None:
         trainer_state=trainer_state(t),
         max_to_keep=t.cfg.trainer.max_actor_ckpt_to_keep,
         extra_writer=save_sharded if t.actor.world_size > 1 else None,
+        log=t.print,
     )
 
 
 def resume_trainer(t: Trainer) -> None:
-    """Continue from the latest complete checkpoint (trainer.resume_mode), exactly."""
+    """Continue from the newest usable checkpoint (trainer.resume_mode), exactly; in ``auto``
+    mode a damaged checkpoint is skipped, with a warning, for the one before it."""
     tr = t.cfg.trainer
-    path = find_resume_checkpoint(t.run_dir, tr.resume_mode, tr.resume_from_path)
-    if path is None:
-        return
+
+    def warn(msg: str) -> None:
+        t.print(f"warning: {msg}")
+
+    path = resume_checkpoint(
+        t.run_dir, tr.resume_mode, tr.resume_from_path, lambda p: _load_trainer(t, p, warn), warn=warn
+    )
+    if path is not None:
+        t.print(f"resumed from {path} (step {t.global_step})")
+
+
+def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> None:
     st = load_checkpoint(
-        path, t.model, t.optimizer, t.scheduler, generators={"rollout_generator": t.rollout.engine.generator}
+        path,
+        t.model,
+        t.optimizer,
+        t.scheduler,
+        generators={"rollout_generator": t.rollout.engine.generator},
+        warn=warn,
     )
     t.global_step = int(st["global_step"])
     dcp_dir = path / "actor" / "dcp"
@@ -71,4 +88,3 @@ def resume_trainer(t: Trainer) -> None:
     t.actor.nonfinite_steps = int(st["nonfinite_steps"])
     t.prefetcher.load_state_dict(st.get("prefetched"))
     t.rollout.engine._device_generators.update(st.get("rollout_device_generators") or {})
-    t.print(f"resumed from {path} (step {t.global_step})")

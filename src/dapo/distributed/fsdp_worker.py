@@ -329,8 +329,8 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, path: str) -> None:
     """Load a DCP directory written at any world size into ``model`` (FSDP-sharded at this world
-    size, or a plain module in a single process without torch.distributed)."""
-    import torch.distributed.checkpoint as dcp
+    size, or a plain module in a single process without torch.distributed). The directory is read
+    by ``dapo.checkpoint_dcp``, which unpickles nothing but DCP's metadata types and plain data."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -338,16 +338,18 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         set_state_dict,
     )
 
+    from dapo import checkpoint_dcp
+
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=path)
+        checkpoint_dcp.load(state, path)
         set_model_state_dict(model, state["model"])
         return
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     # partial: the loading side may carry param-group keys the saver did not have (e.g. the LR
     # scheduler's initial_lr on the driver); those keep their current values
-    dcp.load(state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    checkpoint_dcp.load(state, path, allow_partial_load=True)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
