@@ -83,3 +83,11 @@ def test_eval_never_loads_a_checkpoint_over_the_model(trained, tiny_random_model
     # evaluated in the run directory, beside the step-2 checkpoint: the given model's numbers
     printed = _eval(capsys, tiny_random_model_dir, run_dir, common)
     _assert_same(printed, before)
+    # a checkpoint given as the model is checked first: a damaged one is one line, not a score
+    weights = run_dir / "global_step_2" / "actor" / "huggingface" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x10
+    weights.write_bytes(bytes(data))
+    assert main(["eval", "--model", str(run_dir / "global_step_2"), *common]) == 2
+    (err,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dapo:")]
+    assert err == f"dapo: {weights}: sha256 differs from dapo_checkpoint.json (the file is corrupted)"

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
 
@@ -68,8 +69,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides)
     if args.model:
-        from dapo.checkpoint import hf_model_dir
+        from dapo.checkpoint import MANIFEST, hf_model_dir, verify_checkpoint
 
+        if (Path(args.model) / MANIFEST).exists():  # a global_step_N checkpoint: check it is whole
+            verify_checkpoint(args.model, warn=lambda msg: print(f"dapo: warning: {msg}", file=sys.stderr))
         model = hf_model_dir(args.model)  # a model directory, or a global_step_N checkpoint
         overrides.append(f"actor_rollout_ref.model.path={model}")
     # evaluation scores the model it is given: a checkpoint in the run directory never loads over it
