@@ -54,14 +54,27 @@ from dapo.checkpoint_manifest import (
 from dapo.checkpoint_space import DiskFullError
 
 __all__ = [
+    "CKPT_PREFIX",
     "FORMAT_VERSION",
+    "HF_SUBDIR",
+    "LATEST_FILE",
     "MANIFEST",
+    "RESUME_MODES",
     "CheckpointError",
     "DiskFullError",
+    "checkpoint_dir",
+    "checkpoint_step",
     "find_resume_checkpoint",
+    "hf_model_dir",
+    "is_complete",
+    "list_checkpoints",
     "load_checkpoint",
+    "load_model_weights",
+    "prune_checkpoints",
+    "read_latest",
     "resume_checkpoint",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 CKPT_PREFIX = "global_step_"
