@@ -24,6 +24,7 @@ from dapo.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
+    save_model_dir,
 )
 from dapo.checkpoint_manifest import file_sha256
 
@@ -328,4 +329,9 @@ def test_a_real_full_disk(small_tmpfs, make, monkeypatch):
     with pytest.raises(DiskFullError, match="not enough disk space") as e:
         _save(run, 99, model, opt, sched)
     assert isinstance(e.value.__cause__, Exception)
+    assert sorted(p.name for p in run.iterdir()) == sorted([p.name for p in saved] + [LATEST_FILE])
+    # the final model directory is written the same way
+    (small_tmpfs / "filler2").write_bytes(b"\0" * max(0, checkpoint_space.free_bytes(run) - 8192))
+    with pytest.raises(DiskFullError, match=f"not enough disk space to save {run / 'final_model'}: "):
+        save_model_dir(run / "final_model", model)
     assert sorted(p.name for p in run.iterdir()) == sorted([p.name for p in saved] + [LATEST_FILE])

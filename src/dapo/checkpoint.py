@@ -74,6 +74,7 @@ __all__ = [
     "read_latest",
     "resume_checkpoint",
     "save_checkpoint",
+    "save_model_dir",
     "verify_checkpoint",
 ]
 
@@ -191,11 +192,7 @@ def save_checkpoint(
         previous, model, optimizer, tensors.values(), sharded_copy=extra_writer is not None
     )
     _ensure_space(run_dir, final, needed, max_to_keep, log)
-    tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with _staging(final, needed, max_to_keep) as tmp:
         hf = tmp / HF_SUBDIR
         hf.mkdir(parents=True)
         model.save_pretrained(hf, safe_serialization=True)
@@ -214,26 +211,7 @@ def save_checkpoint(
         if fsync:
             _fsync_tree(tmp)
         write_manifest(tmp, step)  # last, flushed: the directory is complete from here on
-        if fsync:
-            _fsync_dir(tmp)
-        if final.exists():  # re-saving a step (or replacing a cut-off directory of that name)
-            trash = run_dir / f".{final.name}.old-{os.getpid()}"
-            os.rename(final, trash)
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        if fsync:
-            _fsync_dir(run_dir)
-    except BaseException as e:
-        free_now = _free_or_none(run_dir) if isinstance(e, Exception) else None
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, Exception) and not isinstance(e, TypeError | CheckpointError):
-            if checkpoint_space.is_disk_full(e, free_now):
-                raise DiskFullError(
-                    checkpoint_space.disk_full_message(final, needed, free_now or 0, max_to_keep)
-                ) from e
-        raise
+        _publish(tmp, final, fsync)
     _write_atomic(run_dir / LATEST_FILE, f"{int(step)}\n", fsync=fsync)
     if max_to_keep is not None and max_to_keep > 0:
         prune_checkpoints(run_dir, max_to_keep, keep=final)
@@ -254,6 +232,60 @@ def _ensure_space(run_dir: Path, final: Path, needed: int, max_to_keep: int | No
         if needed <= free:
             return
     raise DiskFullError(checkpoint_space.disk_full_message(final, needed, free, max_to_keep))
+
+
+def save_model_dir(model_dir: str | os.PathLike, model: torch.nn.Module, tokenizer: Any = None) -> Path:
+    """A Hugging Face model directory (``final_model``) written like a checkpoint: space checked
+    first, staged beside its place and renamed into it, DiskFullError when the disk is short."""
+    model_dir = Path(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(model_dir.parent, model_dir.name)
+    needed = checkpoint_space.estimate_bytes(None, model, None)
+    free = checkpoint_space.free_bytes(model_dir.parent)
+    if needed > free:
+        raise DiskFullError(checkpoint_space.disk_full_message(model_dir, needed, free))
+    with _staging(model_dir, needed, None) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _publish(tmp, model_dir, fsync=True)
+    return model_dir
+
+
+@contextmanager
+def _staging(final: Path, needed: int, max_to_keep: int | None) -> Iterator[Path]:
+    """A fresh hidden directory beside ``final``; on any failure it is removed, and a failure
+    for lack of space becomes DiskFullError."""
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException as e:
+        free_now = _free_or_none(final.parent) if isinstance(e, Exception) else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and not isinstance(e, TypeError | CheckpointError):
+            if checkpoint_space.is_disk_full(e, free_now):
+                raise DiskFullError(
+                    checkpoint_space.disk_full_message(final, needed, free_now or 0, max_to_keep)
+                ) from e
+        raise
+
+
+def _publish(tmp: Path, final: Path, fsync: bool) -> None:
+    """Rename the finished ``tmp`` onto ``final`` (replacing what is there) and flush the parent."""
+    if fsync:
+        _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (or replacing a cut-off directory of that name)
+        trash = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    if fsync:
+        _fsync_dir(final.parent)
 
 
 def _free_or_none(path: Path) -> int | None:
@@ -282,8 +314,9 @@ def prune_checkpoints(run_dir: str | os.PathLike, max_to_keep: int, keep: Path |
     return doomed
 
 
-def _remove_stale_tmp(run_dir: Path) -> None:
-    for p in run_dir.glob(f".{CKPT_PREFIX}*"):
+def _remove_stale_tmp(run_dir: Path, prefix: str = CKPT_PREFIX) -> None:
+    """Remove what interrupted saves left behind (hidden ``.<prefix>*.tmp-<pid>`` and the like)."""
+    for p in run_dir.glob(f".{prefix}*"):
         if p.is_dir() and re.search(r"\.(tmp|old|deleting)-\d+$", p.name):
             shutil.rmtree(p, ignore_errors=True)
 

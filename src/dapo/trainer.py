@@ -31,6 +31,7 @@ from dapo.algo.agg import agg_loss
 from dapo.algo.kl import get_kl_controller
 from dapo.algo.rollout_correction import apply_rollout_correction
 from dapo.batch import Batch
+from dapo.checkpoint import save_model_dir
 from dapo.config.load import ConfigError
 from dapo.config.validate import validate
 from dapo.data.dataset import build_prompt_data
@@ -328,9 +329,7 @@ class Trainer:
         tr = self.cfg.trainer
         model_dir = None
         if tr.save_final_model and not tr.val_only and not self.stopped:
-            model_dir = self.run_dir / "final_model"
-            self.model.save_pretrained(model_dir, safe_serialization=True)
-            self.tokenizer.save_pretrained(model_dir)
+            model_dir = save_model_dir(self.run_dir / "final_model", self.model, self.tokenizer)
         summary = write_summary(
             self.run_dir,
             before,
