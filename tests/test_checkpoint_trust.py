@@ -335,3 +335,18 @@ def test_a_real_full_disk(small_tmpfs, make, monkeypatch):
     with pytest.raises(DiskFullError, match=f"not enough disk space to save {run / 'final_model'}: "):
         save_model_dir(run / "final_model", model)
     assert sorted(p.name for p in run.iterdir()) == sorted([p.name for p in saved] + [LATEST_FILE])
+
+
+def test_a_run_on_a_full_disk_stops_with_one_line(
+    tmp_path, tiny_random_model_dir, mod3_task, monkeypatch, capsys
+):
+    from dapo.cli import main
+    from runs import small_run_args
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(checkpoint_space, "free_bytes", lambda path: 123_456)
+    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 1, "trainer.save_freq=1")) == 2
+    (err,) = [x for x in capsys.readouterr().err.splitlines() if "dapo:" in x or "Traceback" in x]
+    assert err.startswith(f"dapo: not enough disk space to save {run / 'global_step_1'}: it needs about ")
+    assert "123,456 bytes (0.1 MiB) are free there" in err and "trainer.max_actor_ckpt_to_keep" in err
+    assert not [p for p in run.iterdir() if "global_step_" in p.name]
