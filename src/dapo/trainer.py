@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dapo.actor.dp_actor import Actor, actor_settings_from_config
+from dapo.actor.old_log_prob import BYPASS, RECOMPUTE, old_log_prob_source
 from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.algo.agg import agg_loss
 from dapo.algo.kl import get_kl_controller
@@ -282,18 +283,23 @@ class Trainer:
 
     def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
         s = self.settings
-        with self.timer("old_log_prob"):
-            lp, ent = self.actor.compute_log_prob(
-                batch,
-                s.temperature,
-                s.log_prob_micro_batch_size,
-                calculate_entropy=True,
-                **s.log_prob_kwargs(),
-            )
-        batch.tensors["old_log_probs"] = lp
-        metrics = {
-            "actor/entropy": float(agg_loss(ent, batch.tensors["response_mask"].float(), s.loss_agg_mode))
-        }
+        metrics: dict[str, float] = {}
+        source = self._old_log_prob_source(batch)
+        if source == BYPASS:
+            batch.tensors["old_log_probs"] = batch.tensors["rollout_log_probs"].clone()
+        elif source == RECOMPUTE:
+            with self.timer("old_log_prob"):
+                lp, ent = self.actor.compute_log_prob(
+                    batch,
+                    s.temperature,
+                    s.log_prob_micro_batch_size,
+                    calculate_entropy=True,
+                    **s.log_prob_kwargs(),
+                )
+            batch.tensors["old_log_probs"] = lp
+            mask = batch.tensors["response_mask"].float()
+            metrics["actor/entropy"] = float(agg_loss(ent, mask, s.loss_agg_mode))
+        # CURRENT: no old_log_probs; the update uses its own log-probs, detached (and logs the entropy)
         metrics.update(apply_rollout_correction(batch.tensors, self.cfg.algorithm.rollout_correction))
         if self.use_ref:
             with self.timer("ref"):
@@ -302,6 +308,23 @@ class Trainer:
                 )
             batch.tensors["ref_log_prob"] = ref
         return metrics
+
+    def _old_log_prob_source(self, batch: Batch) -> str:
+        rc, a = self.cfg.algorithm.rollout_correction, self.cfg.actor_rollout_ref.actor
+        if rc.bypass_mode and "rollout_log_probs" not in batch.tensors:
+            raise TrainingError(
+                "algorithm.rollout_correction.bypass_mode=true needs the sampler's log-probs "
+                "(rollout_log_probs), which this rollout did not return; set bypass_mode=false"
+            )
+        return old_log_prob_source(
+            bypass_mode=bool(rc.bypass_mode),
+            ppo_epochs=int(a.ppo_epochs),
+            mini_batch_trajectories=int(self.settings.ppo_mini_batch_size),
+            batch_trajectories=len(batch),
+            prefetch=bool(self.prefetcher.enabled),
+            rollout_correction=bool(rc.rollout_is or rc.rollout_rs),
+            kl_in_reward=bool(self.cfg.algorithm.use_kl_in_reward),
+        )
 
     # ---------------------------------------------------------------- validation, logging, the end
 

@@ -155,7 +155,10 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {"actor/pg_loss": 0.0}
         weighted: dict[str, float] = {}
-        need_entropy = s.calculate_entropy or s.entropy_coeff != 0
+        # without old log-probs the update is on-policy: pi_old is this forward's log-probs, detached
+        # (dapo.actor.old_log_prob), and the entropy metric the skipped pass would have logged comes from here
+        on_policy = "old_log_probs" not in mini.tensors
+        need_entropy = s.calculate_entropy or s.entropy_coeff != 0 or on_policy
         parts = micro_batch_indices(
             mini.tensors["attention_mask"],
             s.ppo_micro_batch_size,
@@ -169,7 +172,7 @@ class Actor:
             mask = micro.tensors["response_mask"].float()
             log_prob, entropy = self._forward(self.model, ids, attn, width, s.temperature, need_entropy)
             pg_loss, pg_metrics = self.policy_loss_fn(
-                micro.tensors["old_log_probs"],
+                log_prob.detach() if on_policy else micro.tensors["old_log_probs"],
                 log_prob,
                 micro.tensors["advantages"],
                 mask,

@@ -14,6 +14,9 @@ LR_SCHEDULERS = ("constant", "cosine")
 KNOWN_FILTER_METRICS = (*sampling_cfg.BUILTIN_METRICS, "pred", "overlong", "overlong_reward", "reward")
 
 
+BUILTIN_TASKS = ("arithmetic", "reasoning")
+
+
 def validate(cfg: Any) -> list[str]:
     """All problems with a resolved config (empty when it is usable)."""
     from dapo.algo.advantages import ADV_ESTIMATOR_REGISTRY
@@ -86,6 +89,10 @@ def validate(cfg: Any) -> list[str]:
     # lengths
     need(data.max_prompt_length >= 1, "data.max_prompt_length: must be >= 1 tokens")
     need(data.max_response_length >= 1, "data.max_response_length: must be >= 1 tokens")
+    need(
+        data.builtin_task in BUILTIN_TASKS,
+        f"data.builtin_task: must be one of {', '.join(BUILTIN_TASKS)}, got {data.builtin_task!r}",
+    )
     need(
         data.truncation in TRUNCATION,
         f"data.truncation: must be one of {', '.join(TRUNCATION)}, got {data.truncation!r}",
@@ -177,6 +184,13 @@ def validate(cfg: Any) -> list[str]:
     mt = rollout.multi_turn
     if mt.enable and mt.tool_config_path:
         p.extend(_tool_config_problems(str(mt.tool_config_path)))
+
+    rc = alg.rollout_correction
+    need(
+        not (rc.bypass_mode and (rc.rollout_is or rc.rollout_rs)),
+        "algorithm.rollout_correction.bypass_mode=true makes the sampler's log-probs the old ones, so "
+        "rollout_is / rollout_rs against them would be identically 1; set them to null with bypass_mode",
+    )
 
     # reward shaping
     ob = cfg.reward_model.overlong_buffer
