@@ -32,13 +32,25 @@ ON_EXHAUSTED = ("error", "train", "skip")
 FILTER_RULES = ("zero_spread", "band")
 BUILTIN_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SHAPED_METRICS = ("seq_reward", "seq_final_reward")
+SKIP_RULES = ("posterior", "streak")
 
 
 @dataclass
 class SkipConfig:
     """``algorithm.filter_groups.skip.*``: skip prompts before rollout from their history.
 
-    A prompt whose last ``min_streak`` groups were all filtered (no spread, or outside the band)
+    ``rule: posterior`` (the default): every prompt keeps a Beta posterior of its solve rate over
+    all its groups (prior ``prior``; the evidence decays by ``decay`` per policy update, so old
+    groups count less as the policy moves). A prompt with history whose posterior probability
+    ``q`` that its next group has no spread is at least ``threshold`` is skipped, except for an
+    exploring rollout with probability ``(1 - max_prob) * (1 - q) / (1 - threshold)``, and never
+    more than ``max_consecutive`` times in a row; so a prompt the policy has since solved is
+    skipped even when its last group had spread. ``target``, ``init_prob``, ``prob_step`` and
+    ``min_streak`` belong to the streak rule. ``recheck`` drops a
+    carried group before training when its prompt's posterior, updated by newer groups, says
+    the next group would have no spread with at least that probability (``1``: never).
+
+    ``rule: streak``: a prompt whose last ``min_streak`` groups were all filtered (no spread, or outside the band)
     is a skip candidate; a candidate is skipped with probability ``prob``, which moves by
     ``prob_step`` after every round toward the point where a (smoothed) fraction ``target`` of
     rolled-out groups is filtered. ``prob`` never exceeds ``max_prob``; the exploration chance
@@ -50,6 +62,16 @@ class SkipConfig:
     """
 
     enable: bool = True
+    # "posterior" (solve-rate posterior over all groups) or "streak" (consecutive filtered groups)
+    rule: str = "posterior"
+    # Beta prior [alpha, beta] of a prompt's solve rate (posterior rule)
+    prior: list[float] = field(default_factory=lambda: [0.5, 0.5])
+    # per policy update, the factor on a prompt's evidence beyond the prior (1: no forgetting)
+    decay: float = 0.97
+    # drop a carried group whose prompt's P(no spread) reached this before training (posterior rule)
+    recheck: float = 0.9
+    # skip a prompt whose P(no spread) is at least this (posterior rule)
+    threshold: float = 0.1
     # target fraction of rolled-out groups that the filter drops; skip prob rises above it
     target: float = 0.1
     # consecutive filtered groups before a prompt becomes a skip candidate
@@ -59,7 +81,7 @@ class SkipConfig:
     # change of the skip probability after each round
     prob_step: float = 0.05
     # upper bound on the skip probability (1 - max_prob is the exploration rate)
-    max_prob: float = 0.99
+    max_prob: float = 0.998
     # a prompt skipped this many times in a row is rolled out on its next draw
     max_consecutive: int = 64
 
@@ -197,6 +219,20 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
         bad("skip.init_prob", f"must not exceed skip.max_prob={s.max_prob}, got {s.init_prob!r}")
     if not _is_num(s.prob_step) or not 0 <= s.prob_step <= 1:
         bad("skip.prob_step", f"must be in [0, 1], got {s.prob_step!r}")
+    if s.rule not in SKIP_RULES:
+        bad("skip.rule", f"must be one of {', '.join(SKIP_RULES)}, got {s.rule!r}")
+    try:
+        prior_ok = len(s.prior) == 2 and all(_is_num(x) and x > 0 for x in s.prior)
+    except TypeError:
+        prior_ok = False
+    if not prior_ok:
+        bad("skip.prior", f"must be two numbers > 0 [alpha, beta], got {s.prior!r}")
+    if not _is_num(s.decay) or not 0 < s.decay <= 1:
+        bad("skip.decay", f"must be in (0, 1] (1: no forgetting), got {s.decay!r}")
+    if not _is_num(s.threshold) or not 0 < s.threshold <= 1:
+        bad("skip.threshold", f"must be in (0, 1], got {s.threshold!r}")
+    if not _is_num(s.recheck) or not 0 < s.recheck <= 1:
+        bad("skip.recheck", f"must be in (0, 1] (1: never drop a carried group), got {s.recheck!r}")
     if not _is_int(s.max_consecutive) or s.max_consecutive < 0:
         bad("skip.max_consecutive", f"must be an integer >= 0 (the revisit bound), got {s.max_consecutive!r}")
 

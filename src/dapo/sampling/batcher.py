@@ -95,6 +95,7 @@ class _Stats:
     skipped_prompts: int = 0
     surplus_dropped: int = 0
     stale_dropped: int = 0
+    recheck_dropped: int = 0
     carried_in: int = 0
     shaped_slip: int = 0
     round_sizes: list[int] = field(default_factory=list)
@@ -187,7 +188,7 @@ class DynamicBatcher:
         self.calls = 0  # next_batch calls so far
         self.uid_counter = 0
         self.pool: list[_Group] = []
-        self.history = PromptHistory()
+        self.history = self._new_history()
         self.kept_rate: float | None = None
         self.skip_prob = float(cfg.skip.init_prob)
         lo, hi = (float(x) for x in cfg.band)
@@ -240,6 +241,13 @@ class DynamicBatcher:
         return step
 
     # ------------------------------------------------------------------ helpers
+
+    def _new_history(self, state: dict[str, Any] | None = None) -> PromptHistory:
+        sc = self.cfg.skip
+        prior = (float(sc.prior[0]), float(sc.prior[1]))
+        if state is None:
+            return PromptHistory(prior, float(sc.decay))
+        return PromptHistory.from_state_dict(state, prior, float(sc.decay))
 
     def _generate(self, rows: list[dict], generate: GenerateFn, st: _Stats) -> Batch:
         b = generate(rows)
@@ -377,6 +385,8 @@ class DynamicBatcher:
         for g in self.pool:
             if self.version - g.version > cfg.max_staleness:
                 st.stale_dropped += 1
+            elif self._solved_since(g):
+                st.recheck_dropped += 1
             else:
                 live.append(g)
         self.pool = live
@@ -408,11 +418,19 @@ class DynamicBatcher:
             st.record(b, outcomes)
             kept_now = 0
             index_col = b.non_tensors["index"]
+            correct = _correct_values(b)
             for o in outcomes:
                 idx = index_col[o.rows[0]]
                 idx = None if idx is None else int(idx)
                 if idx is not None:
-                    self.history.record(idx, filtered=not o.kept, mean=o.mean)
+                    self.history.record(
+                        idx,
+                        filtered=not o.kept,
+                        mean=o.mean,
+                        correct=None if correct is None else sum(correct[i] for i in o.rows.tolist()),
+                        n=len(o.rows),
+                        version=self.version,
+                    )
                 if o.kept:
                     fresh.append(_Group(b.select(o.rows), st.gen_version, idx))
                     kept_now += 1
@@ -467,17 +485,37 @@ class DynamicBatcher:
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
                 idx = row.get("index")
-                if idx is not None and self.history.should_skip(
-                    int(idx),
-                    prob=prob,
-                    min_streak=sc.min_streak,
-                    max_consecutive=sc.max_consecutive,
-                    rng=self.rng,
-                ):
+                if idx is not None and self._should_skip(int(idx), prob):
                     skipped += 1
                 else:
                     chosen.append(row)
         return chosen, skipped
+
+    def _should_skip(self, idx: int, prob: float) -> bool:
+        sc = self.cfg.skip
+        if sc.rule == "posterior":
+            return self.history.should_skip_posterior(
+                idx,
+                prob=sc.threshold,
+                max_prob=sc.max_prob,
+                max_consecutive=sc.max_consecutive,
+                version=self.version,
+                n=self.n,
+                rng=self.rng,
+            )
+        return self.history.should_skip(
+            idx, prob=prob, min_streak=sc.min_streak, max_consecutive=sc.max_consecutive, rng=self.rng
+        )
+
+    def _solved_since(self, g: _Group) -> bool:
+        """A carried group whose prompt's newer groups say the next one would have no spread."""
+        sc = self.cfg.skip
+        if not self._skipping() or sc.rule != "posterior" or g.index is None or sc.recheck >= 1:
+            return False
+        rec = self.history.get(g.index)
+        if rec is None or rec.version <= g.version:  # no evidence newer than the group itself
+            return False
+        return self.history.zero_spread_prob(g.index, self.version, self.n) >= sc.recheck
 
     def _adapt(self, generated: int, kept: int) -> None:
         if generated <= 0:
@@ -515,8 +553,9 @@ class DynamicBatcher:
             P + "trained_groups": trained_groups,
             P + "carried_in": st.carried_in,
             P + "surplus_carried": sum(1 for _ in self.pool),
-            P + "surplus_dropped": st.surplus_dropped + st.stale_dropped,
+            P + "surplus_dropped": st.surplus_dropped + st.stale_dropped + st.recheck_dropped,
             P + "stale_dropped": st.stale_dropped,
+            P + "recheck_dropped": st.recheck_dropped,
             P + "qualified_ratio": st.kept / st.generated_groups if st.generated_groups else 0.0,
             P + "generated_groups_per_trained_group": (
                 st.generated_groups / trained_groups if trained_groups else 0.0
@@ -586,7 +625,7 @@ class DynamicBatcher:
         self.kept_rate = None if d["kept_rate"] is None else float(d["kept_rate"])
         self.skip_prob = float(d["skip_prob"])
         self.band_center, self.band_half = (float(x) for x in d["band"])
-        self.history = PromptHistory.from_state_dict(d["history"])
+        self.history = self._new_history(d["history"])
         self.pool = [_Group(batch_from_state(g["batch"]), int(g["version"]), g["index"]) for g in d["pool"]]
         self._warned = set(d.get("warned", []))
 
