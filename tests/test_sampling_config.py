@@ -43,7 +43,7 @@ def test_structured_config_round_trip_with_overrides():
         ({"min_round_size": 0}, "algorithm.filter_groups.min_round_size"),
         ({"skip": SkipConfig(max_prob=1.0)}, "algorithm.filter_groups.skip.max_prob"),
         ({"skip": SkipConfig(target=1.0)}, "algorithm.filter_groups.skip.target"),
-        ({"skip": SkipConfig(init_prob=0.995)}, "algorithm.filter_groups.skip.init_prob"),
+        ({"skip": SkipConfig(init_prob=0.999)}, "algorithm.filter_groups.skip.init_prob"),
         ({"skip": SkipConfig(max_consecutive=-1)}, "algorithm.filter_groups.skip.max_consecutive"),
         ({"skip": SkipConfig(min_streak=0)}, "algorithm.filter_groups.skip.min_streak"),
     ],

@@ -101,7 +101,7 @@ def test_skipping_never_starves_a_prompt():
     table = {0: [[0, 1]]}
     table.update({i: [[1, 1]] for i in range(1, 8)})
     mc = 3
-    c = cfg(skip=SkipConfig(max_consecutive=mc, init_prob=0.9, max_prob=0.99, min_streak=1))
+    c = cfg(skip=SkipConfig(rule="streak", max_consecutive=mc, init_prob=0.9, max_prob=0.99, min_streak=1))
     b = DynamicBatcher(c, 1, 1, 2, 0)
     src, gen = ListSource(prompt_rows(8), seed=0), FakeRollout(2, scripted(table))
     draws_since = dict.fromkeys(range(8), 0)

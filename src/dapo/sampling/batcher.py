@@ -385,8 +385,6 @@ class DynamicBatcher:
         for g in self.pool:
             if self.version - g.version > cfg.max_staleness:
                 st.stale_dropped += 1
-            elif self._solved_since(g):
-                st.recheck_dropped += 1
             else:
                 live.append(g)
         self.pool = live
@@ -446,6 +444,10 @@ class DynamicBatcher:
                     "kept_rate_estimate": self.kept_rate,
                 },
             )
+        # carried groups whose prompt this step's rounds found solved (or unsolvable) are dropped
+        rechecked = [g for g in self.pool if not self._solved_since(g)]
+        st.recheck_dropped += len(self.pool) - len(rechecked)
+        self.pool = rechecked
         carried = len(self.pool)
         groups = self.pool + fresh  # oldest first: carried groups are used before they expire
         if exhausted == "skip" or (exhausted == "train" and not groups):

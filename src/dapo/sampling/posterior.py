@@ -20,6 +20,8 @@ def decayed(
     """The posterior after ``updates`` policy updates without evidence: the excess over the prior
     shrinks by ``decay`` per update (``decay=1``: no forgetting)."""
     f = decay ** max(int(updates), 0)
+    if f == 1.0:
+        return alpha, beta
     a0, b0 = prior
     return a0 + f * (alpha - a0), b0 + f * (beta - b0)
 
