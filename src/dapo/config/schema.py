@@ -36,6 +36,9 @@ class DataConfig:
     val_max_samples: int = -1
     trust_remote_code: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # ours: the built-in task (and tiny model) used when train_files (model.path) is null:
+    # arithmetic (short answers) or reasoning (chained operations with written working)
+    builtin_task: str = "arithmetic"
 
 
 @dataclass

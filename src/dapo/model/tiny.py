@@ -191,13 +191,18 @@ def build_tiny_model(
 
 
 def _sft_batch(tok, problems: list[Problem], rng: random.Random, clean: bool = False):
+    return sft_tensors(tok, [(p.question, warm_start_target(p, rng, clean)) for p in problems])
+
+
+def sft_tensors(tok, pairs: list[tuple[str, str]]):
+    """``(input_ids, labels, attention_mask)`` for ``(question, target)`` pairs: the chat prompt
+    of each question followed by its target and EOS, the loss on the target and EOS only."""
     seqs, prompt_lens = [], []
-    for p in problems:
+    for question, target in pairs:
         prompt = tok.apply_chat_template(
-            [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=False
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
         )
-        full = prompt + warm_start_target(p, rng, clean) + tok.eos_token
-        ids = tok(full, add_special_tokens=False)["input_ids"]
+        ids = tok(prompt + target + tok.eos_token, add_special_tokens=False)["input_ids"]
         seqs.append(ids)
         prompt_lens.append(len(tok(prompt, add_special_tokens=False)["input_ids"]))
     width = max(len(s) for s in seqs)

@@ -1,0 +1,141 @@
+"""The tiny model for the ``reasoning`` preset, warm-started on the long-reasoning task.
+
+Built on first use and cached under ``$DAPO_CACHE/models/tiny-reasoning-<fingerprint>/`` (the
+fingerprint hashes the recipe below). Same character tokenizer and Qwen2 shape family as the
+arithmetic model (:mod:`dapo.model.tiny`), with room for ~300 tokens.
+
+The warm start teaches the format, not the skill: every target writes one numbered line per
+operation and ends ``Answer: X``, but in the noisy phase each line's result is right only with
+the probability of its kind (``STEP_ACCURACY``); a wrong line is a near miss that the
+following lines carry forward, as a model that slipped would. Multiplications are never shown
+right. ``RAMBLE_RATE`` of the targets re-check a few lines before answering, which runs into
+the overlong buffer of the preset (so overlong shaping has something to shape). The clean
+phase (right results, multiplications excepted) comes first so the procedure is learnt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import Qwen2ForCausalLM
+
+from dapo.data.builtin_reasoning import TIER_WEIGHTS, Chain, apply, make_chains, step_line, working
+from dapo.model.tiny import cache_dir, ensure_built, sft_optimizer, sft_step, sft_tensors, tiny_config
+from dapo.model.tokenizer import build_char_tokenizer
+
+MODEL_NAME = "tiny-reasoning"
+# probability that a warm-start line's result is right, by kind of step (noisy phase)
+STEP_ACCURACY = {"plain": 0.99, "wrap": 0.8, "big": 0.9, "mul": 0.0}
+RAMBLE_RATE = 0.15
+CLEAN_FRACTION = 0.6
+SFT_STEPS = 400
+SFT_BATCH = 32
+SFT_LR = 3e-3
+MODEL_SIZES = dict(
+    hidden_size=96, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
+)
+MAX_POSITIONS = 352
+WARM_START_CHAINS = 4000
+
+
+def step_kind(before: int, op: str, after: int) -> str:
+    if op == "*":
+        return "mul"
+    if before > 99 or after > 99:
+        return "big"
+    return "wrap" if before // 10 != after // 10 else "plain"
+
+
+def near_miss(value: int, rng: random.Random) -> int:
+    """A plausible slip: off by one or by ten."""
+    return value + rng.choice((-1, 1, -10, 10))
+
+
+def noisy_values(chain: Chain, rng: random.Random, clean: bool) -> list[int]:
+    """Running values as a fallible model writes them: each line right with its kind's
+    probability (always, except multiplications, when ``clean``), errors carried forward."""
+    out, v = [], chain.start
+    for op, x in chain.ops:
+        right = apply(v, op, x)
+        kind = step_kind(v, op, right)
+        p = STEP_ACCURACY[kind] if not clean or kind == "mul" else 1.0
+        v = right if rng.random() < p else near_miss(right, rng)
+        out.append(v)
+    return out
+
+
+def warm_start_target(chain: Chain, rng: random.Random, clean: bool = False) -> str:
+    values = noisy_values(chain, rng, clean)
+    text = working(chain, values)
+    if rng.random() < RAMBLE_RATE:
+        # re-check a few lines before answering: longer, same answer
+        head, answer = text.rsplit("Answer: ", 1)
+        befores = [chain.start, *values[:-1]]
+        picks = sorted(rng.sample(range(len(chain.ops)), k=min(len(chain.ops), rng.randint(3, 6))))
+        check = "".join(
+            "check " + step_line(i + 1, befores[i], chain.ops[i][0], chain.ops[i][1], values[i])
+            for i in picks
+        )
+        text = f"{head}{check}Answer: {answer}"
+    return text
+
+
+def recipe_fingerprint() -> str:
+    recipe = json.dumps(
+        {
+            "config": tiny_config(128, 0, 2, max_position_embeddings=MAX_POSITIONS, **MODEL_SIZES).to_dict(),
+            "sft": [
+                SFT_STEPS,
+                SFT_BATCH,
+                SFT_LR,
+                CLEAN_FRACTION,
+                STEP_ACCURACY,
+                RAMBLE_RATE,
+                WARM_START_CHAINS,
+            ],
+            "task": [TIER_WEIGHTS, working(make_chains(3, 0)[0])],
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:10]
+
+
+def ensure_reasoning_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """Path of the cached warm-started reasoning model, building it if absent."""
+    target = cache_dir() / "models" / f"{MODEL_NAME}-{recipe_fingerprint()}"
+    return ensure_built(target, lambda tmp: build_reasoning_model(tmp, log=log), log, force)
+
+
+def build_reasoning_model(
+    out_dir: Path, seed: int = 0, steps: int = SFT_STEPS, log: Callable[[str], None] = print
+) -> dict:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = build_char_tokenizer()
+    config = tiny_config(
+        len(tok), tok.pad_token_id, tok.eos_token_id, max_position_embeddings=MAX_POSITIONS, **MODEL_SIZES
+    )
+    model = Qwen2ForCausalLM(config)
+    # its own chains (another seed than the task's), so train and test prompts stay unseen
+    chains = make_chains(WARM_START_CHAINS, seed + 1000)
+    opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=20)
+    model.train()
+    t0 = time.time()
+    for step in range(steps):
+        clean = step < CLEAN_FRACTION * steps
+        batch = rng.sample(chains, SFT_BATCH)
+        ids, labels, attn = sft_tensors(tok, [(c.question, warm_start_target(c, rng, clean)) for c in batch])
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        sft_step(model, loss, opt, sched)
+        if (step + 1) % 50 == 0:
+            log(f"  warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return {"seed": seed, "steps": steps, "batch": SFT_BATCH, "seconds": round(time.time() - t0, 1)}

@@ -1,0 +1,122 @@
+"""The built-in long-reasoning task: generator, working, grading, warm-start targets, preset."""
+
+import json
+import random
+
+import pytest
+
+from dapo.data.builtin_reasoning import (
+    MAX_STEPS,
+    MIN_STEPS,
+    Chain,
+    make_chain,
+    make_chains,
+    split_chains,
+    to_row,
+    working,
+)
+from dapo.reward.scorers import default_compute_score
+
+
+def test_hand_chain_question_working_and_grade():
+    c = Chain(47, (("+", 8), ("-", 5), ("*", 3)), "hard")
+    assert c.values() == [55, 50, 150] and c.answer == 150
+    assert c.question == "47 1)+8 2)-5 3)*3 ="
+    text = working(c)
+    assert text == "1)+8: 47+8=55\n2)-5: 55-5=50\n3)*3: 50*3=150\nAnswer: 150"
+    assert default_compute_score("arithmetic", text, "150")["acc"] is True
+    assert default_compute_score("arithmetic", text, "151")["acc"] is False
+    # a slip carried forward: the graded answer is the last line's
+    slipped = working(c, [55, 51, 153])
+    assert slipped.endswith("2)-5: 55-5=51\n3)*3: 51*3=153\nAnswer: 153")
+    assert default_compute_score("arithmetic", slipped, "150")["acc"] is False
+    row = to_row(c, "test", 3)
+    assert row["reward_model"]["ground_truth"] == "150" and row["extra_info"]["tier"] == "hard"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tiers_follow_their_rules(seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        for tier in ("easy", "medium", "hard"):
+            c = make_chain(rng, tier)
+            assert MIN_STEPS <= len(c.ops) <= MAX_STEPS
+            ops = [op for op, _ in c.ops]
+            assert ops.count("*") == (1 if tier == "hard" else 0)
+            before = c.start
+            for (op, x), after in zip(c.ops, c.values()):
+                assert 1 <= x <= 9
+                if tier == "easy":  # never a carry or a borrow
+                    assert before // 10 == after // 10 and 10 <= after <= 99
+                if tier == "medium":
+                    assert 10 <= after <= 99
+                before = after
+
+
+def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
+    train, test = split_chains(300, 40, 0)
+    assert len(train) == 300 and len(test) == 40
+    assert not {c.question for c in train} & {c.question for c in test}
+    assert split_chains(300, 40, 0) == (train, test)  # deterministic
+    lengths = [len(char_tokenizer(working(c), add_special_tokens=False)["input_ids"]) for c in train]
+    assert min(lengths) >= 128 and max(lengths) <= 215
+    tiers = [c.tier for c in make_chains(400, 1)]
+    assert tiers.count("easy") == 100 and tiers.count("medium") == 200 and tiers.count("hard") == 100
+
+
+def test_warm_start_teaches_the_format_not_the_skill():
+    from dapo.model.tiny_reasoning import noisy_values, warm_start_target
+
+    rng = random.Random(0)
+    chains = make_chains(160, 5)
+    right = {"easy": 0, "medium": 0, "hard": 0}
+    for c in chains:
+        t = warm_start_target(c, rng)
+        assert t.startswith("1)") and "\nAnswer: " in t
+        values = noisy_values(c, rng, clean=False)
+        right[c.tier] += values[-1] == c.answer
+        for (op, x), before, after in zip(c.ops, [c.start, *values], values):
+            if op == "*":  # a multiplication line is never right
+                assert after != before * x
+        # clean targets are the right working, except that a multiplication is never right
+        clean = noisy_values(c, rng, clean=True)
+        assert (clean == c.values()) == (c.tier != "hard")
+    assert right["easy"] / 40 > 0.8 > right["medium"] / 80 > 0.05
+    assert right["hard"] / 40 < 0.1
+
+
+def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):
+    from dapo.cli import main
+    from dapo.model.tiny_reasoning import build_reasoning_model
+
+    monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    build_reasoning_model(model, steps=1, log=lambda s: None)
+    run = tmp_path / "run"
+    rc = main(
+        [
+            "train",
+            "--config-name",
+            "reasoning",
+            f"actor_rollout_ref.model.path={model}",
+            f"trainer.default_local_dir={run}",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=0",
+            "data.train_batch_size=2",
+            "data.gen_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "algorithm.filter_groups.enable=false",
+            "data.val_max_samples=2",
+            "actor_rollout_ref.rollout.val_kwargs.n=1",
+        ]
+    )
+    assert rc == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    m = next(r for r in rows if r.get("step") == 1 and "prompt_length/min" in r)
+    # chain prompts (chat tokens + "dd 1)+d ... =") are 40+ tokens; arithmetic prompts are ~10
+    assert m["prompt_length/min"] >= 40 and m["prompt_length/max"] <= 80
+    assert m["response_length/max"] <= 256
