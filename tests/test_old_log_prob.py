@@ -98,6 +98,7 @@ BASE = dict(
         ({"prefetch": True}, RECOMPUTE),
         ({"rollout_correction": True}, RECOMPUTE),
         ({"kl_in_reward": True}, RECOMPUTE),
+        ({"fast_path": False}, RECOMPUTE),
         ({"bypass_mode": True, "ppo_epochs": 4}, BYPASS),
     ],
 )

@@ -324,6 +324,7 @@ class Trainer:
             prefetch=bool(self.prefetcher.enabled),
             rollout_correction=bool(rc.rollout_is or rc.rollout_rs),
             kl_in_reward=bool(self.cfg.algorithm.use_kl_in_reward),
+            fast_path=bool(a.on_policy_fast_path),
         )
 
     # ---------------------------------------------------------------- validation, logging, the end

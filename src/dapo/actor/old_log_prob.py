@@ -25,12 +25,14 @@ def old_log_prob_source(
     prefetch: bool,
     rollout_correction: bool,
     kl_in_reward: bool,
+    fast_path: bool = True,
 ) -> str:
     """``bypass`` when configured; ``current`` when the update is exactly on-policy; else ``recompute``."""
     if bypass_mode:
         return BYPASS
     on_policy = (
-        ppo_epochs == 1
+        fast_path
+        and ppo_epochs == 1
         and batch_trajectories <= mini_batch_trajectories
         and not prefetch
         and not rollout_correction

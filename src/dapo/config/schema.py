@@ -120,6 +120,9 @@ class ActorConfig:
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
+    # ours: when the update is exactly on-policy, take the old log-probs from the update's own
+    # forward (detached) instead of a separate pass (dapo.actor.old_log_prob); false: always recompute, as verl
+    on_policy_fast_path: bool = True
     shuffle: bool = False
     data_loader_seed: int = 42
     clip_ratio: float = 0.2
