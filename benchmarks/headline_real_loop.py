@@ -1,0 +1,181 @@
+"""The headline on the real loop: `strategy=verl` against ours on the long-reasoning task.
+
+For each seed, runs `dapo train --config-name reasoning` once in verl mode (the recipe's
+accumulator, old log-probs recomputed every step as verl does) and once with ours (the default
+sampler: carry-over, adaptive rounds, solve-rate skipping; the on-policy fast path), interleaved,
+and reports:
+
+* wall (training) time for ours to reach verl mode's final accuracy, where the final accuracy
+  is the mean of verl mode's last ``--smooth`` validations and ours' accuracy is smoothed the
+  same way (one noisy validation does not decide it), over verl mode's training time;
+* held-out accuracy of both at equal steps (the last validation, smoothed);
+* generated response tokens per trained response token;
+* the mean time of a step split by phase (generation, reward, old log-probs, update, other).
+
+Training time is the sum of ``timing_s/step`` (validation excluded: the same work for both).
+
+    .venv/bin/python benchmarks/headline_real_loop.py --seeds 1 2 3 [--steps 60] [--json] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("gen", "reward", "old_log_prob", "update_actor")
+STRATEGIES = {
+    "verl": ["algorithm.filter_groups.strategy=verl", "actor_rollout_ref.actor.on_policy_fast_path=false"],
+    "ours": ["algorithm.filter_groups.strategy=default"],
+}
+
+
+def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
+    run_dir = out / f"{name}-seed{seed}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dapo.cli",
+        "train",
+        "--config-name",
+        "reasoning",
+        *STRATEGIES[name],
+        "algorithm.filter_groups.on_exhausted=train",
+        f"trainer.seed={seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[jsonl]",
+        f"trainer.test_freq={test_freq}",
+        "trainer.report_freq=0",
+        "trainer.save_final_model=false",
+        "trainer.torch_threads=1",
+        *extra,
+    ]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve, elapsed = [], 0.0
+    phase = dict.fromkeys(PHASES, 0.0)
+    gen_tok = train_tok = 0.0
+    nsteps = 0
+    for r in rows:
+        if "timing_s/step" in r:
+            nsteps += 1
+            elapsed += r["timing_s/step"]
+            for p in PHASES:
+                phase[p] += r.get(f"timing_s/{p}", 0.0)
+        gen_tok += r.get("dynamic_sampling/generated_response_tokens", 0.0)
+        train_tok += r.get("dynamic_sampling/trained_response_tokens", 0.0)
+        if "val/acc" in r:
+            curve.append((r.get("step", 0), elapsed, r["val/acc"]))
+    per_step = {p: phase[p] / max(1, nsteps) for p in PHASES}
+    per_step["other"] = elapsed / max(1, nsteps) - sum(per_step.values())
+    return {
+        "name": name,
+        "seed": seed,
+        "wall_s": wall,
+        "train_s": elapsed,
+        "steps": nsteps,
+        "curve": curve,
+        "gen_tokens_per_train_token": gen_tok / max(1.0, train_tok),
+        "step_s_by_phase": per_step,
+        "gen_share": phase["gen"] / max(1e-9, elapsed),
+    }
+
+
+def smoothed(curve: list[tuple[int, float, float]], k: int) -> list[tuple[int, float, float]]:
+    """Each validation's accuracy replaced by the mean of it and up to ``k - 1`` before it."""
+    out = []
+    for i, (step, t, _) in enumerate(curve):
+        window = [a for _, _, a in curve[max(0, i - k + 1) : i + 1]]
+        out.append((step, t, sum(window) / len(window)))
+    return out
+
+
+def compare(v: dict, o: dict, k: int) -> dict:
+    sv, so = smoothed(v["curve"], k), smoothed(o["curve"], k)
+    target = sv[-1][2]
+    t_o = next((t for _, t, a in so if a >= target - 1e-9), None)
+    return {
+        "seed": v["seed"],
+        "verl_final_acc": target,
+        "ours_final_acc": so[-1][2],
+        "verl_train_s": v["train_s"],
+        "ours_train_s": o["train_s"],
+        "ours_time_to_verl_acc_s": t_o,
+        "time_ratio": t_o / v["train_s"] if t_o is not None else None,
+        "same_step_ratio": o["train_s"] / v["train_s"],
+        "verl_gen_tokens_per_train_token": v["gen_tokens_per_train_token"],
+        "ours_gen_tokens_per_train_token": o["gen_tokens_per_train_token"],
+        "verl_gen_share": v["gen_share"],
+        "verl_step_s": v["step_s_by_phase"],
+        "ours_step_s": o["step_s_by_phase"],
+        "verl_curve": v["curve"],
+        "ours_curve": o["curve"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--test-freq", type=int, default=10)
+    ap.add_argument("--smooth", type=int, default=3, help="validations averaged for the final accuracy")
+    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="dapo-headline-"))
+    results = {}
+    for seed in args.seeds:
+        for name in STRATEGIES:  # interleaved
+            results[name, seed] = run(name, seed, args.steps, args.test_freq, out, list(args.overrides))
+            print(f"seed {seed} {name}: {results[name, seed]['train_s']:.0f} s", file=sys.stderr, flush=True)
+    table = [compare(results["verl", s], results["ours", s], args.smooth) for s in args.seeds]
+    ratios = [r["time_ratio"] if r["time_ratio"] is not None else float("inf") for r in table]
+    summary = {
+        "steps": args.steps,
+        "overrides": args.overrides,
+        "runs": table,
+        "median_time_ratio": statistics.median(ratios),
+        "median_same_step_ratio": statistics.median(r["same_step_ratio"] for r in table),
+        "out_dir": str(out),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{args.steps} steps, reasoning preset; overrides: {' '.join(args.overrides) or '(none)'}")
+    print(
+        f"{'seed':>4} {'verl acc':>8} {'ours acc':>8} {'verl s':>6} {'ours s to verl acc':>18} {'ratio':>5}"
+        f" {'same-step':>9} {'gen share verl':>14} {'gen tok/train tok verl':>22} {'ours':>5}"
+    )
+    for r in table:
+        t = r["ours_time_to_verl_acc_s"]
+        reach = "never" if t is None else f"{t:.0f}"
+        ratio = "n/a" if t is None else f"{r['time_ratio']:.2f}"
+        print(
+            f"{r['seed']:>4} {r['verl_final_acc']:>8.3f} {r['ours_final_acc']:>8.3f} {r['verl_train_s']:>6.0f}"
+            f" {reach:>18} {ratio:>5}"
+            f" {r['same_step_ratio']:>9.2f} {r['verl_gen_share']:>14.2f}"
+            f" {r['verl_gen_tokens_per_train_token']:>22.2f} {r['ours_gen_tokens_per_train_token']:>5.2f}"
+        )
+    print("mean step seconds by phase:")
+    for r in table:
+        for who in ("verl", "ours"):
+            ph = r[f"{who}_step_s"]
+            print(f"  seed {r['seed']} {who:4s} " + " ".join(f"{p} {ph[p]:.2f}" for p in (*PHASES, "other")))
+    print(
+        f"median: time ratio {summary['median_time_ratio']:.2f} (never = inf), "
+        f"same-step ratio {summary['median_same_step_ratio']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
