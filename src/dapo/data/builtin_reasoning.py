@@ -22,7 +22,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA_SOURCE = "arithmetic"
+from dapo.data.builtin import to_row  # the same verl-schema rows (question, answer, tier)
+
 TIERS = ("easy", "medium", "hard")
 TIER_WEIGHTS = {"easy": 0.25, "medium": 0.5, "hard": 0.25}
 MIN_STEPS, MAX_STEPS = 9, 12
@@ -131,16 +132,6 @@ def split_chains(train_size: int, test_size: int, seed: int) -> tuple[list[Chain
     test_q = {c.question for c in test}
     train = [c for c in make_chains(train_size + test_size, seed) if c.question not in test_q]
     return train[:train_size], test
-
-
-def to_row(c: Chain, split: str, index: int) -> dict:
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": c.question}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(c.answer)},
-        "extra_info": {"split": split, "index": index, "tier": c.tier, "question": c.question},
-    }
 
 
 TRAIN_SIZE, TEST_SIZE, SEED = 2000, 128, 0
