@@ -163,7 +163,8 @@ def build_prompt_data(
     cfg: Any, tokenizer: Any, prompt_width: int, log: Callable[[str], None] = print
 ) -> tuple[list[PromptRow], list[PromptRow], PromptSampler]:
     """``data.*``'s train and validation prompts and the train sampler. Without
-    ``data.train_files``, the built-in task (the tool task when multi-turn is on) is written to
+    ``data.train_files``, the built-in task (the tool task when multi-turn is on, the reasoning
+    task with ``data.builtin_task=reasoning``) is written to
     the cache and used, with its test split for validation unless ``data.val_files`` is set."""
     d = cfg.data
     train_files, val_files = d.train_files, d.val_files
@@ -171,6 +172,12 @@ def build_prompt_data(
         from dapo.data.builtin_tools import ensure_tool_task
 
         tr_path, te_path = ensure_tool_task()
+        train_files = str(tr_path)
+        val_files = val_files if val_files is not None else str(te_path)
+    elif train_files is None and d.builtin_task == "reasoning":
+        from dapo.data.builtin_reasoning import ensure_reasoning_task
+
+        tr_path, te_path = ensure_reasoning_task()
         train_files = str(tr_path)
         val_files = val_files if val_files is not None else str(te_path)
     elif train_files is None:

@@ -82,6 +82,10 @@ def build_policy(
         from dapo.tools.tiny_model import ensure_tiny_tool_model
 
         path = str(ensure_tiny_tool_model(log=log))
+    elif cfg.data.builtin_task == "reasoning" and not m.path:
+        from dapo.model.tiny_reasoning import ensure_reasoning_model
+
+        path = str(ensure_reasoning_model(log=log))
     else:
         path = m.path or str(ensure_tiny_model(log=log))
     tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
