@@ -44,7 +44,7 @@ def test_tiers_follow_their_rules(seed):
             ops = [op for op, _ in c.ops]
             assert ops.count("*") == (1 if tier == "hard" else 0)
             before = c.start
-            for (op, x), after in zip(c.ops, c.values()):
+            for (_op, x), after in zip(c.ops, c.values()):
                 assert 1 <= x <= 9
                 if tier == "easy":  # never a carry or a borrow
                     assert before // 10 == after // 10 and 10 <= after <= 99
