@@ -25,9 +25,9 @@ def test_zero_spread_prob_hand_values():
 @settings(max_examples=30, deadline=None)
 @given(st.floats(0.3, 30.0), st.floats(0.3, 30.0), st.integers(2, 16))
 def test_zero_spread_prob_matches_monte_carlo(a, b, n):
-    p = np.random.default_rng(0).beta(a, b, 200_000)
+    p = np.random.default_rng(0).beta(a, b, 50_000)
     mc = float(np.mean(p**n + (1 - p) ** n))
-    assert posterior.zero_spread_prob(a, b, n) == pytest.approx(mc, abs=0.01)
+    assert posterior.zero_spread_prob(a, b, n) == pytest.approx(mc, abs=0.015)
 
 
 @given(pos, pos, st.integers(1, 16), st.data())
