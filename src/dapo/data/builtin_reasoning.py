@@ -164,10 +164,6 @@ def reasoning_task_fingerprint(
 
 def ensure_reasoning_task() -> tuple[Path, Path]:
     """The task's parquet files in the dapo cache, written on first use."""
-    from dapo.model.tiny import cache_dir
+    from dapo.data.parquet import cached_train_test
 
-    d = cache_dir() / "data" / f"reasoning-{reasoning_task_fingerprint()}"
-    train, test = d / "train.parquet", d / "test.parquet"
-    if train.exists() and test.exists():
-        return train, test
-    return write_reasoning_task(d)
+    return cached_train_test(f"reasoning-{reasoning_task_fingerprint()}", write_reasoning_task)

@@ -74,10 +74,6 @@ def tool_task_fingerprint(train_size: int = 3000, test_size: int = 128, seed: in
 
 def ensure_tool_task() -> tuple[Path, Path]:
     """The task's parquet files in the dapo cache, written on first use."""
-    from dapo.model.tiny import cache_dir
+    from dapo.data.parquet import cached_train_test
 
-    d = cache_dir() / "data" / f"arithmetic-tools-{tool_task_fingerprint()}"
-    train, test = d / "train.parquet", d / "test.parquet"
-    if train.exists() and test.exists():
-        return train, test
-    return write_tool_task(d)
+    return cached_train_test(f"arithmetic-tools-{tool_task_fingerprint()}", write_tool_task)
