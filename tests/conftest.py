@@ -38,6 +38,34 @@ def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_hd32_model_dir(tmp_path_factory, char_tokenizer):
+    """A random tiny Qwen2 with head size 32 (the smallest vLLM's CPU attention takes), 512
+    positions, and the char tokenizer."""
+    from transformers import Qwen2ForCausalLM
+
+    from dapo.model.tiny import tiny_config
+
+    torch.manual_seed(0)
+    tok = char_tokenizer
+    cfg = tiny_config(
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny_hd32")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def mod3_task(tmp_path_factory):
     """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward

@@ -81,7 +81,7 @@ class Trainer:
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_path, self.tokenizer, self.model, self.device = build_policy(cfg, self.print)
-        self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print)
+        self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print, model_path=self.model_path)
         self.train_rows, self.val_rows, self.sampler = build_prompt_data(
             cfg, self.tokenizer, self.rollout.prompt_width, self.print
         )
@@ -263,7 +263,7 @@ class Trainer:
         if prefetched is not None:
             self.timer.add(prefetched[1].timer)
             return prefetched
-        self.rollout.sync_weights()
+        self.rollout.sync_weights(self.timer)
         ctx = GenContext(timer=self.timer)
         sampled = self.batcher.next_batch(
             self.sampler, partial(self.round, ctx=ctx), on_round=progress.on_round
@@ -368,6 +368,7 @@ class Trainer:
         for t in self.trackers:
             t.close()
         self.actor.shutdown()
+        self.rollout.shutdown()
         self.prefetcher.shutdown()
         self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
         return summary

@@ -194,8 +194,32 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = 16384
     # verl's default is false; we always keep the sampler's log-probs (they cost nothing here)
     calculate_log_probs: bool = True
+    # vLLM engine settings (rollout.name=vllm; the own engine ignores them), verl's names.
+    # gen_tp: vLLM's tensor parallel degree; null means 1
     tensor_model_parallel_size: int | None = None
+    # share of GPU memory vLLM may take (weights + KV cache); null means vLLM's default (0.9)
     gpu_memory_utilization: float | None = None
+    # null means the actor's parameter dtype, so the sampler's log-probs match the trainer's
+    dtype: str | None = None
+    # CUDA graphs cost capture time and memory; eager is what runs on CPU anyway
+    enforce_eager: bool = True
+    # release the KV cache between generations (vLLM sleep mode on GPUs; a no-op on CPU)
+    free_cache_engine: bool = True
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    # how vLLM gets its first weights: "auto" reads the model directory; "dummy" starts from random
+    # weights and takes the actor's at the first sync (verl's default on GPUs)
+    load_format: str = "auto"
+    # the seed of vLLM's samplers; null means trainer.seed
+    seed: int | None = None
+    # ours: "colocated" runs vLLM in the trainer's process (verl's hybrid engine); "server" starts a
+    # vLLM server process on 127.0.0.1 and talks HTTP to it (weights through a file in /dev/shm)
+    placement: str = "colocated"
+    # ours: vLLM's KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)
+    cpu_kvcache_space_gb: float = 1.0
+    # ours: seconds to wait for a vLLM server to answer its health check
+    server_startup_timeout_s: float = 300.0
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 

@@ -175,9 +175,11 @@ def validate(cfg: Any) -> list[str]:
         )
     need(vk.n >= 1, f"actor_rollout_ref.rollout.val_kwargs.n: must be >= 1, got {vk.n}")
     need(
-        rollout.name in ("hf",),
-        f"actor_rollout_ref.rollout.name: {rollout.name!r} is not available here; use hf",
+        rollout.name in ("hf", "vllm"),
+        f"actor_rollout_ref.rollout.name: {rollout.name!r} is not available here; use hf or vllm",
     )
+    if rollout.name == "vllm":
+        p.extend(_vllm_problems(rollout, cfg))
 
     # tools: loading the tool config builds each tool, which checks its own config (the code
     # interpreter refuses to start without an OS sandbox unless its config opts in to the weak mode)
@@ -269,3 +271,31 @@ def _tool_config_problems(path: str) -> list[str]:
 
 def _dp_size(cfg: Any) -> int:
     return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
+    """The vLLM backend's keys (the model's head size is checked when the engine is built)."""
+    p = []
+    key = "actor_rollout_ref.rollout"
+    if rollout.placement not in ("colocated", "server"):
+        p.append(f"{key}.placement: must be colocated or server, got {rollout.placement!r}")
+    tp = rollout.tensor_model_parallel_size
+    if tp is not None and tp != 1 and cfg.trainer.device != "cuda":
+        p.append(f"{key}.tensor_model_parallel_size: must be 1 (or null) on CPU, got {tp}")
+    if rollout.dtype is not None and rollout.dtype not in VLLM_DTYPES:
+        p.append(f"{key}.dtype: must be null or one of {', '.join(VLLM_DTYPES)}, got {rollout.dtype!r}")
+    if rollout.load_format not in ("auto", "dummy"):
+        p.append(f"{key}.load_format: must be auto or dummy, got {rollout.load_format!r}")
+    if rollout.max_num_seqs < 1 or rollout.max_num_batched_tokens < 1:
+        p.append(f"{key}.max_num_seqs and max_num_batched_tokens: must be >= 1")
+    if rollout.cpu_kvcache_space_gb <= 0:
+        p.append(f"{key}.cpu_kvcache_space_gb: must be > 0 GiB, got {rollout.cpu_kvcache_space_gb}")
+    if cfg.algorithm.filter_groups.prefetch:
+        p.append(
+            f"{key}.name=vllm: algorithm.filter_groups.prefetch is not supported with vLLM yet; "
+            "set algorithm.filter_groups.prefetch=false"
+        )
+    return p

@@ -1,23 +1,36 @@
-"""What the trainer generates with: the sampler (single- or multi-turn) built from the config,
-the sampling parameters of training and validation, and, with prefetch, the sampler's own copy
-of the weights."""
+"""What the trainer generates with: the sampler (single- or multi-turn, the own engine or vLLM:
+``rollout.name``) built from the config, the sampling parameters of training and validation,
+the weight sync, and, with prefetch, the own engine's copy of the weights."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from dapo.batch import Batch
-from dapo.rollout.hf import HFRollout, SamplingParams
+from dapo.rollout.factory import build_rollout
+from dapo.rollout.hf import SamplingParams
+
+
+def weights_version(model: torch.nn.Module) -> int:
+    """A number that changes whenever a parameter is written in place (optimizer steps, a loaded
+    checkpoint): the sum of the parameters' autograd version counters."""
+    return sum(p._version for p in model.parameters())
 
 
 class RolloutRunner:
     def __init__(
-        self, cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, log: Callable[[str], None] = print
+        self,
+        cfg: DictConfig,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        log: Callable[[str], None] = print,
+        model_path: str | None = None,
     ):
         r = cfg.actor_rollout_ref.rollout
         self.rollout_cfg = r
@@ -38,12 +51,15 @@ class RolloutRunner:
                     "with no importance weights; set algorithm.rollout_correction.rollout_is=token to "
                     "correct for the drift (on the built-in task, learning collapsed without it)"
                 )
-        self.engine = HFRollout(
+        self.engine = build_rollout(
+            cfg,
             self.model if self.model is not None else model,
+            model_path,
             [e for e in eos_ids if e is not None],
             tokenizer.pad_token_id,
-            seed=int(cfg.trainer.seed),
         )
+        if getattr(self.engine, "synced_version", None) is not None:  # vLLM holds the policy's weights
+            self.engine.synced_version = weights_version(model)
         self.multi_turn = None
         if r.multi_turn.enable:  # generate -> tool calls -> tool messages (response_mask 0) -> ...
             from dapo.rollout.multiturn import MultiTurnRollout
@@ -62,13 +78,25 @@ class RolloutRunner:
             response_length=self.response_length,
         )
 
-    def sync_weights(self) -> None:
-        """Copy the policy's current weights into the sampler's own copy (with prefetch)."""
+    def sync_weights(self, timer: Any = None) -> None:
+        """Bring the sampler up to the policy's current weights: vLLM takes them once per change
+        (timed as ``update_weights`` on ``timer``); with prefetch, the own engine's copy is refreshed."""
+        if hasattr(self.engine, "update_weights"):
+            version = weights_version(self.policy)
+            if self.engine.synced_version != version:
+                with timer("update_weights") if timer is not None else nullcontext():
+                    self.engine.update_weights(self.policy)
+                self.engine.synced_version = version
+            return
         if self.model is None:
             return
         with torch.no_grad():
             for dst, src in zip(self.model.parameters(), self.policy.parameters(), strict=True):
                 dst.copy_(src)
+
+    def shutdown(self) -> None:
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
 
     def generate(self, rows: list[dict], params: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """``params.n`` trajectories per row as a batch, and the multi-turn loop's tool counters."""

@@ -1,0 +1,46 @@
+"""The rollout engine ``actor_rollout_ref.rollout.name`` asks for: the own engine (``hf``) or vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def vllm_dtype(rollout_cfg: Any, model: torch.nn.Module) -> str:
+    """``rollout.dtype``, or the actor's parameter dtype when null."""
+    if rollout_cfg.dtype:
+        return str(rollout_cfg.dtype)
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def build_rollout(
+    cfg: Any, model: torch.nn.Module, model_path: str, eos_ids: list[int], pad_id: int
+) -> Any:
+    """An engine with ``generate(prompt_ids, params, prompt_width) -> RolloutOutput``."""
+    r = cfg.actor_rollout_ref.rollout
+    seed = int(r.get("seed") if r.get("seed") is not None else cfg.trainer.seed)
+    if r.name != "vllm":
+        from dapo.rollout.hf import HFRollout
+
+        return HFRollout(model, eos_ids, pad_id, seed=int(cfg.trainer.seed))
+    from dapo.rollout.vllm_rollout import VllmSettings, check_model
+
+    device = "cuda" if cfg.trainer.device == "cuda" else "cpu"
+    check_model(model.config, device)
+    max_len = int(r.prompt_length or cfg.data.max_prompt_length) + int(
+        r.response_length or cfg.data.max_response_length
+    )
+    settings = VllmSettings.from_config(r, vllm_dtype(r, model), max_len, device)
+    if r.placement == "server":
+        from dapo.rollout.vllm_server import VllmServerRollout
+
+        engine: Any = VllmServerRollout(model_path, eos_ids, pad_id, settings, seed=seed)
+    else:
+        from dapo.rollout.vllm_rollout import VllmRollout
+
+        engine = VllmRollout(model_path, eos_ids, pad_id, settings, seed=seed)
+    # the engine holds the model directory's weights, the policy's until its first update (the
+    # runner records their version); with load_format=dummy it holds none and syncs first
+    engine.synced_version = 0 if settings.load_format != "dummy" else None
+    return engine

