@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,12 @@ def vllm_dtype(rollout_cfg: Any, model: torch.nn.Module) -> str:
 
 
 def build_rollout(
-    cfg: Any, model: torch.nn.Module, model_path: str, eos_ids: list[int], pad_id: int
+    cfg: Any,
+    model: torch.nn.Module,
+    model_path: str,
+    eos_ids: list[int],
+    pad_id: int,
+    log: Callable[[str], None] = print,
 ) -> Any:
     """An engine with ``generate(prompt_ids, params, prompt_width) -> RolloutOutput``."""
     r = cfg.actor_rollout_ref.rollout
@@ -35,7 +41,10 @@ def build_rollout(
     if r.placement == "server":
         from dapo.rollout.vllm_server import VllmServerRollout
 
-        engine: Any = VllmServerRollout(model_path, eos_ids, pad_id, settings, seed=seed)
+        engine: Any = VllmServerRollout(
+            model_path, eos_ids, pad_id, settings, seed=seed, startup_timeout_s=r.server_startup_timeout_s
+        )
+        log(f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}")
     else:
         from dapo.rollout.vllm_rollout import VllmRollout
 

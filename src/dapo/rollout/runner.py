@@ -57,6 +57,7 @@ class RolloutRunner:
             model_path,
             [e for e in eos_ids if e is not None],
             tokenizer.pad_token_id,
+            log=log,
         )
         if getattr(self.engine, "synced_version", None) is not None:  # vLLM holds the policy's weights
             self.engine.synced_version = weights_version(model)
