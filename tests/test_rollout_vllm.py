@@ -4,6 +4,9 @@ that is reported. One engine is shared by the module (starting one takes seconds
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -24,12 +27,32 @@ def _model(path: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+def _process_state() -> tuple:
+    return (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state(), torch.get_num_threads())
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_hd32_model_dir):
     settings = VllmSettings(dtype="float32", max_model_len=512, max_num_batched_tokens=512, max_num_seqs=64)
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    before = _process_state()
     eng = VllmRollout(str(tiny_hd32_model_dir), [EOS], PAD, settings, seed=3)
+    eng.process_state_before_after = (before, _process_state())
     yield eng
     eng.shutdown()
+
+
+def test_engine_start_leaves_rng_streams_and_threads(engine):
+    """vLLM seeds random/numpy/torch and stubs torch.set_num_threads: both are undone."""
+    before, after = engine.process_state_before_after
+    assert before[0] == after[0] and before[1] == after[1] and torch.equal(before[2], after[2])
+    assert before[3] == after[3]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _own(model):
