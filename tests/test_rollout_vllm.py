@@ -28,12 +28,17 @@ def _model(path: str) -> torch.nn.Module:
 
 
 def _process_state() -> tuple:
-    return (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state(), torch.get_num_threads())
+    return (
+        random.getstate(),
+        np.random.get_state()[1].tolist(),
+        torch.get_rng_state(),
+        torch.get_num_threads(),
+    )
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_hd32_model_dir):
-    settings = VllmSettings(dtype="float32", max_model_len=512, max_num_batched_tokens=512, max_num_seqs=64)
+    settings = VllmSettings.for_model("float32", 512, max_num_batched_tokens=512, max_num_seqs=64)
     random.seed(11), np.random.seed(11), torch.manual_seed(11)
     before = _process_state()
     eng = VllmRollout(str(tiny_hd32_model_dir), [EOS], PAD, settings, seed=3)

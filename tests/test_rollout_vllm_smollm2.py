@@ -35,9 +35,11 @@ def smollm2(tmp_path_factory):
     model = model.float().eval()
     prompts = []
     for q in QUESTIONS:
-        enc = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        enc = tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-    settings = VllmSettings(dtype="float32", max_model_len=256, max_num_batched_tokens=256, max_num_seqs=32)
+    settings = VllmSettings.for_model("float32", 256, max_num_batched_tokens=256, max_num_seqs=32)
     engine = VllmRollout(str(out), [tok.eos_token_id], tok.pad_token_id, settings, seed=1)
     yield model, tok, prompts, engine
     engine.shutdown()

@@ -127,7 +127,10 @@ def test_server_placement_sigkill_resume_matches_colocated(
     log = tmp_path / "server_run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dapo.cli", *args], env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "dapo.cli", *args],
+            env=subprocess_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 600
@@ -149,7 +152,10 @@ def test_server_placement_sigkill_resume_matches_colocated(
 
     resumed = tmp_path / "resumed"
     _cut_to_step(run, resumed, 2)
-    assert main(_args(resumed, tiny_hd32_model_dir, mod3_task, "actor_rollout_ref.rollout.placement=server")) == 0
+    assert (
+        main(_args(resumed, tiny_hd32_model_dir, mod3_task, "actor_rollout_ref.rollout.placement=server"))
+        == 0
+    )
     m = re.search(r"vLLM server: pid (\d+)", capsys.readouterr().out)
     assert m and _wait_gone(int(m.group(1)), 30), "the vLLM server outlived the run"
     assert metrics_by_step(resumed)[3] == metrics_by_step(straight)[3]

@@ -49,7 +49,6 @@ def build_rollout(
         from dapo.rollout.vllm_rollout import VllmRollout
 
         engine = VllmRollout(model_path, eos_ids, pad_id, settings, seed=seed)
-    # the engine holds the model directory's weights, the policy's until its first update (the
-    # runner records their version); with load_format=dummy it holds none and syncs first
-    engine.synced_version = 0 if settings.load_format != "dummy" else None
+    if settings.load_format == "dummy":  # no weights yet: the first generation syncs
+        engine.synced_version = None
     return engine

@@ -44,20 +44,20 @@ class WeightSyncError(RuntimeError):
 
 @dataclass
 class VllmSettings:
-    """``actor_rollout_ref.rollout`` keys the vLLM engine reads."""
+    """``actor_rollout_ref.rollout`` keys the vLLM engine reads (defaults: the config schema's)."""
 
-    dtype: str = "float32"
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool = True
-    free_cache_engine: bool = True
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    load_format: str = "auto"
-    max_model_len: int = 2048
-    cpu_kvcache_space_gb: float = 1.0
-    device: str = "cpu"
+    dtype: str
+    tensor_model_parallel_size: int
+    gpu_memory_utilization: float | None
+    enforce_eager: bool
+    free_cache_engine: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool
+    load_format: str
+    max_model_len: int
+    cpu_kvcache_space_gb: float
+    device: str
 
     @staticmethod
     def from_config(rollout: Any, dtype: str, max_model_len: int, device: str) -> VllmSettings:
@@ -75,6 +75,13 @@ class VllmSettings:
             cpu_kvcache_space_gb=float(rollout.cpu_kvcache_space_gb),
             device=device,
         )
+
+    @staticmethod
+    def for_model(dtype: str, max_model_len: int, device: str = "cpu", **keys: Any) -> VllmSettings:
+        """The schema's ``actor_rollout_ref.rollout`` defaults with ``keys`` changed."""
+        from dapo.config.schema import RolloutConfig
+
+        return VllmSettings.from_config(RolloutConfig(**keys), dtype, max_model_len, device)
 
     def engine_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = dict(
@@ -158,22 +165,23 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
-def sampling_params_for(params: SamplingParams, eos_ids: list[int], seed: int) -> Any:
-    """vLLM's ``SamplingParams`` for ours: greedy when not sampling, the sampled token's log-prob."""
-    from vllm import SamplingParams as VSP
-
+def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int) -> dict[str, Any]:
+    """vLLM's sampling parameters for ours (the same fields in-process and over HTTP): greedy
+    when not sampling, the sampled token's log-prob, token ids only."""
     greedy = not params.do_sample or params.temperature <= 0
-    return VSP(
-        n=int(params.n),
-        temperature=0.0 if greedy else float(params.temperature),
-        top_p=1.0 if greedy else float(params.top_p),
-        top_k=-1 if greedy or params.top_k is None or params.top_k <= 0 else int(params.top_k),
-        max_tokens=int(params.response_length),
-        stop_token_ids=list(eos_ids),
-        logprobs=0,
-        seed=None if greedy else int(seed),
-        detokenize=False,
-    )
+    fields: dict[str, Any] = {
+        "n": int(params.n),
+        "temperature": 0.0 if greedy else float(params.temperature),
+        "top_p": 1.0 if greedy else float(params.top_p),
+        "top_k": -1 if greedy or params.top_k is None or params.top_k <= 0 else int(params.top_k),
+        "max_tokens": int(params.response_length),
+        "stop_token_ids": list(eos_ids),
+        "logprobs": 0,
+        "detokenize": False,
+    }
+    if not greedy:
+        fields["seed"] = int(seed)
+    return fields
 
 
 def to_rollout_output(
@@ -216,7 +224,43 @@ def completion_rows(request_output: Any) -> list[tuple[list[int], list[float], b
     return out
 
 
-class VllmRollout:
+class VllmEngineBase:
+    """What both placements share: the sampling seed stream, the output packing, the fields the
+    trainer reads (``generator``, ``pad_token_id``, ``synced_version``)."""
+
+    def __init__(self, eos_token_ids: list[int], pad_token_id: int, settings: VllmSettings, seed: int):
+        self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
+        self.pad_token_id = int(pad_token_id)
+        self.settings = settings
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.last_stats: dict[str, float] = {}
+        # the version of the policy's weights the engine holds (dapo.rollout.runner.weights_version);
+        # None: no weights yet (load_format=dummy); the runner records it when it builds the engine
+        self.synced_version: int | None = 0
+        self._device_generators: dict[str, torch.Generator] = {}  # none: vLLM seeds each request
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
+    ) -> RolloutOutput:
+        from dapo.rollout.hf import left_pad
+
+        width = prompt_width or max(len(p) for p in prompt_ids)
+        prompts, _ = left_pad(prompt_ids, width, self.pad_token_id)
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
+        requests = [sampling_fields(params, self.eos_token_ids, s) for s in seeds]
+        completions = self._complete(prompt_ids, requests)
+        return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+
+    def _complete(
+        self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
+    ) -> list[list[tuple[list[int], list[float], bool]]]:
+        """Per prompt, its samples as ``(token_ids, log-probs, stopped on a stop token)``."""
+        raise NotImplementedError
+
+
+class VllmRollout(VllmEngineBase):
     """vLLM's ``LLM`` engine in this process, behind the own engine's interface."""
 
     def __init__(
@@ -227,43 +271,30 @@ class VllmRollout:
         settings: VllmSettings,
         seed: int = 0,
     ):
-        self.model_path = str(model_path)
-        self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
-        self.pad_token_id = int(pad_token_id)
-        self.settings = settings
-        self.seed = int(seed)
-        self.generator = torch.Generator().manual_seed(self.seed)
-        self.last_stats: dict[str, float] = {}
+        super().__init__(eos_token_ids, pad_token_id, settings, seed)
         for k, v in engine_env(settings).items():
             os.environ[k] = v
         with preserved_process_state():
             from vllm import LLM
 
-            self.llm = LLM(model=self.model_path, seed=self.seed, **settings.engine_kwargs())
+            self.llm = LLM(model=str(model_path), seed=self.seed, **settings.engine_kwargs())
         self._asleep = False
 
-    def _request_seeds(self, count: int) -> list[int]:
-        return torch.randint(0, 2**31 - 1, (count,), generator=self.generator).tolist()
+    def _complete(
+        self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
+    ) -> list[list[tuple[list[int], list[float], bool]]]:
+        from vllm import SamplingParams as VllmSamplingParams
 
-    @torch.no_grad()
-    def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
-    ) -> RolloutOutput:
-        from dapo.rollout.hf import left_pad
-
-        width = prompt_width or max(len(p) for p in prompt_ids)
-        prompts, _ = left_pad(prompt_ids, width, self.pad_token_id)
-        seeds = self._request_seeds(len(prompt_ids))
-        sps = [sampling_params_for(params, self.eos_token_ids, s) for s in seeds]
         self._wake()
         try:
             outs = self.llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompt_ids], sps, use_tqdm=False
+                [{"prompt_token_ids": list(p)} for p in prompt_ids],
+                [VllmSamplingParams(**r) for r in requests],
+                use_tqdm=False,
             )
         finally:
             self._sleep()
-        completions = [completion_rows(o) for o in outs]
-        return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+        return [completion_rows(o) for o in outs]
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load the actor's current weights into the engine and drop blocks cached with the old ones."""

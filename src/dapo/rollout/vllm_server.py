@@ -39,13 +39,12 @@ from typing import Any
 
 import torch
 
-from dapo.rollout.hf import RolloutOutput, SamplingParams, left_pad
 from dapo.rollout.vllm_rollout import (
+    VllmEngineBase,
     VllmSettings,
     WeightSyncError,
     engine_env,
     state_dict_for_vllm,
-    to_rollout_output,
 )
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
@@ -88,24 +87,6 @@ def server_args(model_path: str, settings: VllmSettings, port: int, seed: int) -
     return args
 
 
-def request_body(prompt: list[int], params: SamplingParams, eos_ids: list[int], seed: int) -> dict[str, Any]:
-    """The token-in/token-out request for one prompt (its ``n`` samples)."""
-    greedy = not params.do_sample or params.temperature <= 0
-    sp: dict[str, Any] = {
-        "n": int(params.n),
-        "temperature": 0.0 if greedy else float(params.temperature),
-        "top_p": 1.0 if greedy else float(params.top_p),
-        "top_k": -1 if greedy or params.top_k is None or params.top_k <= 0 else int(params.top_k),
-        "max_tokens": int(params.response_length),
-        "stop_token_ids": list(eos_ids),
-        "logprobs": 0,
-        "detokenize": False,
-    }
-    if not greedy:
-        sp["seed"] = int(seed)
-    return {"token_ids": list(prompt), "sampling_params": sp}
-
-
 def parse_choices(response: dict[str, Any]) -> list[tuple[list[int], list[float], bool]]:
     """``(token_ids, sampled-token log-probs, stopped on a stop token)`` per choice, in index order."""
     out = []
@@ -116,7 +97,7 @@ def parse_choices(response: dict[str, Any]) -> list[tuple[list[int], list[float]
     return out
 
 
-class VllmServerRollout:
+class VllmServerRollout(VllmEngineBase):
     """A vLLM server process that this object starts, talks to over HTTP and stops."""
 
     def __init__(
@@ -129,19 +110,19 @@ class VllmServerRollout:
         startup_timeout_s: float = 300.0,
         python: str | None = None,
     ):
-        self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
-        self.pad_token_id = int(pad_token_id)
-        self.settings = settings
-        self.seed = int(seed)
-        self.generator = torch.Generator().manual_seed(self.seed)
-        self.last_stats: dict[str, float] = {}
+        super().__init__(eos_token_ids, pad_token_id, settings, seed)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._shm = Path(tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=_shm_root()))
         self._log = tempfile.NamedTemporaryFile(prefix="dapo-vllm-server-", suffix=".log", delete=False)
         env = dict(os.environ, **engine_env(settings), VLLM_SERVER_DEV_MODE="1")
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        server = [python or sys.executable, "-m", SERVER_MODULE, *server_args(model_path, settings, self.port, seed)]
+        server = [
+            python or sys.executable,
+            "-m",
+            SERVER_MODULE,
+            *server_args(model_path, settings, self.port, seed),
+        ]
         self.proc = subprocess.Popen(
             [sys.executable, str(GUARD), str(os.getpid()), *server],
             stdout=self._log,
@@ -225,17 +206,12 @@ class VllmServerRollout:
         return json.loads(raw) if raw else None
 
     # ------------------------------------------------------------------ engine interface
-    @torch.no_grad()
-    def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
-    ) -> RolloutOutput:
-        width = prompt_width or max(len(p) for p in prompt_ids)
-        prompts, _ = left_pad(prompt_ids, width, self.pad_token_id)
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
-        bodies = [request_body(p, params, self.eos_token_ids, s) for p, s in zip(prompt_ids, seeds)]
+    def _complete(
+        self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
+    ) -> list[list[tuple[list[int], list[float], bool]]]:
+        bodies = [{"token_ids": list(p), "sampling_params": r} for p, r in zip(prompt_ids, requests)]
         responses = list(self._pool.map(lambda b: self._post("/inference/v1/generate", b), bodies))
-        completions = [parse_choices(r) for r in responses]
-        return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+        return [parse_choices(r) for r in responses]
 
     def update_weights(self, model: torch.nn.Module) -> None:
         from safetensors.torch import save_file
