@@ -113,3 +113,23 @@ def test_cli_validate_exit_code(capsys):
 def test_prefetch_conflicts_are_named(overrides, says):
     ps = problems("algorithm.filter_groups.prefetch=true", *overrides)
     assert any("algorithm.filter_groups.prefetch" in p and says in p for p in ps), ps
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("actor_rollout_ref.rollout.placement=remote", "actor_rollout_ref.rollout.placement"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "must be 1 (or null) on CPU"),
+        ("actor_rollout_ref.rollout.dtype=int8", "actor_rollout_ref.rollout.dtype"),
+        ("actor_rollout_ref.rollout.load_format=pt", "actor_rollout_ref.rollout.load_format"),
+        ("algorithm.filter_groups.prefetch=true", "set algorithm.filter_groups.prefetch=false"),
+    ],
+)
+def test_vllm_rollout_keys(override, named):
+    (p,) = problems("actor_rollout_ref.rollout.name=vllm", override)
+    assert named in p
+
+
+def test_unknown_rollout_name():
+    (p,) = problems("actor_rollout_ref.rollout.name=sglang")
+    assert "'sglang'" in p and "use hf or vllm" in p

@@ -14,7 +14,7 @@ from dapo.actor.forward import response_logprobs
 from dapo.rollout.hf import HFRollout, SamplingParams
 from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings, WeightSyncError
 
-pytest.importorskip("vllm", reason="vLLM is installed by `make test` (pip install '.[vllm]')")
+pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
 PROMPTS = [[5, 17, 23, 9, 11], [30, 31, 32], [7, 7, 7, 7, 7, 7, 7, 12]]
 R = 12

