@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -214,6 +215,7 @@ def _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) 
 
     if model_dir is None or head_dim(model.config) not in CPU_HEAD_DIMS:
         return {"vllm": f"not run: head size {head_dim(model.config)} (vLLM's CPU attention)"}
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the table/JSON
     width = max(len(p) for p in prompts)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     engine = VllmRollout(
