@@ -75,7 +75,8 @@ def _prompts(model, tok, num_prompts: int, seed: int) -> tuple[list[list[int]], 
         from dapo.data.builtin import sample_problems, split_problems
 
         train, _ = split_problems(seed=0)
-        probs = sample_problems(train, num_prompts, seed=seed)
+        # sample_problems rounds per tier and can return one more than asked
+        probs = sample_problems(train, num_prompts, seed=seed)[:num_prompts]
         texts = [
             tok.apply_chat_template(
                 [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=False
