@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     from dapo.checkpoint import CheckpointError
+    from dapo.rollout.vllm_rollout import WeightSyncError
     from dapo.tracking import TrackerUnavailable
     from dapo.trainer import TrainingError
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
-    except (TrackerUnavailable, CheckpointError, TrainingError) as e:
+    except (TrackerUnavailable, CheckpointError, TrainingError, WeightSyncError) as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

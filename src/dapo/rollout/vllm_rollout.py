@@ -39,7 +39,14 @@ CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 class WeightSyncError(RuntimeError):
-    """vLLM did not take the new weights; its engine is in an unknown state."""
+    """vLLM did not take the new weights; its engine is in an unknown state, so the run stops
+    (before the step is saved: the last checkpoint stays the latest)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(
+            f"vLLM did not take the new weights ({type(cause).__name__}: {cause}); the run stopped "
+            "before saving, so the last checkpoint is intact: run the same command to resume"
+        )
 
 
 @dataclass
@@ -304,7 +311,7 @@ class VllmRollout(VllmEngineBase):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
             self.llm.reset_prefix_cache()
         except Exception as e:
-            raise WeightSyncError(f"vLLM did not take the new weights: {type(e).__name__}: {e}") from e
+            raise WeightSyncError(e) from e
         finally:
             self._sleep()
 

@@ -225,7 +225,7 @@ class VllmServerRollout(VllmEngineBase):
             )
             self._post("/reset_prefix_cache")
         except Exception as e:
-            raise WeightSyncError(f"vLLM did not take the new weights: {type(e).__name__}: {e}") from e
+            raise WeightSyncError(e) from e
         finally:
             path.unlink(missing_ok=True)
 
