@@ -110,104 +110,73 @@ def bench_model(
     peak: float,
     with_vllm: bool = False,
 ) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="dapo-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-bench-"))  # qwen2-100m is saved here for vLLM
     try:
         model, tok, model_dir = _load(name, seed, tmp)
-        return _bench(
-            name,
-            model,
-            tok,
-            model_dir,
-            repeats,
-            num_prompts,
-            n,
-            new_tokens,
-            temperature,
-            seed,
-            compile,
-            peak,
-            with_vllm,
+        prompts, eos, pad = _prompts(model, tok, num_prompts, seed)
+        width = max(len(p) for p in prompts)
+        ids, mask = left_pad(prompts, width, pad)
+        rollout = HFRollout(model, eos, pad, seed=seed, compile=compile)
+        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, response_length=new_tokens)
+        gen_seed = [seed]
+        tokens_made = [0.0]
+
+        def ours() -> float:
+            out = rollout.generate(prompts, params, prompt_width=width)
+            tokens_made[0] = float(out.response_mask.sum())
+            return tokens_made[0]
+
+        @torch.no_grad()
+        def baseline() -> float:
+            gen_seed[0] += 1
+            torch.manual_seed(gen_seed[0])
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=temperature > 0,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                num_return_sequences=n,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+            return float(_response_tokens(out[:, width:], eos))
+
+        ours()  # warm-up (and compile, when asked)
+        baseline()
+        vllm_row = (
+            _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) if with_vllm else {}
         )
+        res = interleaved(ours, baseline, repeats, probe=lambda: matmul_peak_flops(seconds=0.3))
+        peak = max(peak, res["peak"])
+        p_mean = sum(len(p) for p in prompts) / len(prompts)
+        # useful work of a run: each distinct prompt prefilled once, then one decode step per
+        # response token (at the mean context); the same count is used for both engines
+        r_mean = tokens_made[0] / (num_prompts * n)
+        run_flops = num_prompts * p_mean * forward_flops_per_token(model, p_mean / 2)
+        run_flops += tokens_made[0] * forward_flops_per_token(model, p_mean + r_mean / 2)
+        flops_per_token = run_flops / max(1.0, tokens_made[0])
+        return {
+            "model": name,
+            "params_m": round(param_count(model) / 1e6, 1),
+            "batch": f"{num_prompts}x{n}",
+            "prompt_tokens_mean": round(p_mean, 1),
+            "new_tokens": new_tokens,
+            "ours_tokens_per_s": res["ours_tokens_per_s"],
+            "baseline_tokens_per_s": res["baseline_tokens_per_s"],
+            "speedup": res["speedup"],
+            "response_tokens_mean": round(r_mean, 1),
+            "flops_fraction_of_peak": res["ours_tokens_per_s"] * flops_per_token / peak,
+            "baseline_flops_fraction_of_peak": res["baseline_tokens_per_s"] * flops_per_token / peak,
+            "ratios": [round(r, 3) for r in res["ratios"]],
+            "matmul_peak_gflops": peak / 1e9,
+            **vllm_row,
+        }
+
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _bench(
-    name: str,
-    model: torch.nn.Module,
-    tok: Any,
-    model_dir: Path | None,
-    repeats: int,
-    num_prompts: int,
-    n: int,
-    new_tokens: int,
-    temperature: float,
-    seed: int,
-    compile: bool,
-    peak: float,
-    with_vllm: bool,
-) -> dict[str, Any]:
-    prompts, eos, pad = _prompts(model, tok, num_prompts, seed)
-    width = max(len(p) for p in prompts)
-    ids, mask = left_pad(prompts, width, pad)
-    rollout = HFRollout(model, eos, pad, seed=seed, compile=compile)
-    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, response_length=new_tokens)
-    gen_seed = [seed]
-    tokens_made = [0.0]
-
-    def ours() -> float:
-        out = rollout.generate(prompts, params, prompt_width=width)
-        tokens_made[0] = float(out.response_mask.sum())
-        return tokens_made[0]
-
-    @torch.no_grad()
-    def baseline() -> float:
-        gen_seed[0] += 1
-        torch.manual_seed(gen_seed[0])
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=temperature > 0,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            num_return_sequences=n,
-            eos_token_id=eos,
-            pad_token_id=pad,
-        )
-        return float(_response_tokens(out[:, width:], eos))
-
-    ours()  # warm-up (and compile, when asked)
-    baseline()
-    vllm_row = (
-        _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) if with_vllm else {}
-    )
-    res = interleaved(ours, baseline, repeats, probe=lambda: matmul_peak_flops(seconds=0.3))
-    peak = max(peak, res["peak"])
-    p_mean = sum(len(p) for p in prompts) / len(prompts)
-    # useful work of a run: each distinct prompt prefilled once, then one decode step per
-    # response token (at the mean context); the same count is used for both engines
-    r_mean = tokens_made[0] / (num_prompts * n)
-    run_flops = num_prompts * p_mean * forward_flops_per_token(model, p_mean / 2)
-    run_flops += tokens_made[0] * forward_flops_per_token(model, p_mean + r_mean / 2)
-    flops_per_token = run_flops / max(1.0, tokens_made[0])
-    return {
-        "model": name,
-        "params_m": round(param_count(model) / 1e6, 1),
-        "batch": f"{num_prompts}x{n}",
-        "prompt_tokens_mean": round(p_mean, 1),
-        "new_tokens": new_tokens,
-        "ours_tokens_per_s": res["ours_tokens_per_s"],
-        "baseline_tokens_per_s": res["baseline_tokens_per_s"],
-        "speedup": res["speedup"],
-        "response_tokens_mean": round(r_mean, 1),
-        "flops_fraction_of_peak": res["ours_tokens_per_s"] * flops_per_token / peak,
-        "baseline_flops_fraction_of_peak": res["baseline_tokens_per_s"] * flops_per_token / peak,
-        "ratios": [round(r, 3) for r in res["ratios"]],
-        "matmul_peak_gflops": peak / 1e9,
-        **vllm_row,
-    }
 
 
 def _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) -> dict[str, Any]:
