@@ -149,6 +149,9 @@ def test_server_placement_sigkill_resume_matches_colocated(
             proc.kill()
             proc.wait()
     assert _wait_gone(pgid), "the vLLM server outlived the SIGKILLed trainer"
+    # the guard also removed the server's weights directory in /dev/shm
+    shm = re.search(r"weights in (\S+)", log.read_text())
+    assert shm and not os.path.exists(shm.group(1))
 
     resumed = tmp_path / "resumed"
     _cut_to_step(run, resumed, 2)

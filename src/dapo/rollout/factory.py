@@ -44,7 +44,9 @@ def build_rollout(
         engine: Any = VllmServerRollout(
             model_path, eos_ids, pad_id, settings, seed=seed, startup_timeout_s=r.server_startup_timeout_s
         )
-        log(f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}")
+        log(
+            f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}, weights in {engine.weights_dir}"
+        )
     else:
         from dapo.rollout.vllm_rollout import VllmRollout
 

@@ -124,7 +124,7 @@ class VllmServerRollout(VllmEngineBase):
             *server_args(model_path, settings, self.port, seed),
         ]
         self.proc = subprocess.Popen(
-            [sys.executable, str(GUARD), str(os.getpid()), *server],
+            [sys.executable, str(GUARD), str(os.getpid()), str(self._shm), *server],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -185,6 +185,10 @@ class VllmServerRollout(VllmEngineBase):
             pool.shutdown(wait=False)
             self._pool = None
         shutil.rmtree(getattr(self, "_shm", ""), ignore_errors=True)
+
+    @property
+    def weights_dir(self) -> str:
+        return str(self._shm)
 
     @property
     def pid(self) -> int | None:
