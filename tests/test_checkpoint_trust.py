@@ -350,3 +350,29 @@ def test_a_run_on_a_full_disk_stops_with_one_line(
     assert err.startswith(f"dapo: not enough disk space to save {run / 'global_step_1'}: it needs about ")
     assert "123,456 bytes (0.1 MiB) are free there" in err and "trainer.max_actor_ckpt_to_keep" in err
     assert not [p for p in run.iterdir() if "global_step_" in p.name]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"format": 2, "step": 1e999, "files": {}}',  # a step that is not an integer (inf)
+        '{"format": 2, "step": 1, "files": {"rng_state.pt": {"size": 1e999, "sha256": "' + "0" * 64 + '"}}}',
+        "[" * 100_000 + "]" * 100_000,  # nested past the JSON parser's recursion limit
+        '{"format": 2, "step": 1.5, "files": {}}',
+        '{"format": 2, "step": 1, "files": {"rng_state.pt": {"size": -3, "sha256": "' + "0" * 64 + '"}}}',
+    ],
+)
+def test_a_crafted_manifest_is_one_checkpoint_error(tmp_path, make, doc):
+    """Whatever a shared manifest holds, listing, saving beside it and resuming past it work: the
+    bad checkpoint is skipped with a line naming its manifest, never a raw traceback."""
+    model, opt, sched = make()
+    run = tmp_path / "run"
+    _save(run, 1, model, opt, sched)
+    bad = run / "global_step_1"
+    (bad / MANIFEST).write_text(doc)
+    warnings = []
+    with pytest.raises(CheckpointError, match=re.escape(str(bad / MANIFEST))):
+        find_resume_checkpoint(run, warn=warnings.append)
+    assert list_checkpoints(run) == []
+    _save(run, 2, model, opt, sched)  # saving next to it lists and prunes around it
+    assert find_resume_checkpoint(run, warn=warnings.append) == run / "global_step_2"
