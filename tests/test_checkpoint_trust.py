@@ -376,3 +376,30 @@ def test_a_crafted_manifest_is_one_checkpoint_error(tmp_path, make, doc):
     assert list_checkpoints(run) == []
     _save(run, 2, model, opt, sched)  # saving next to it lists and prunes around it
     assert find_resume_checkpoint(run, warn=warnings.append) == run / "global_step_2"
+
+
+def test_trainer_state_that_does_not_fit_is_skipped_for_the_one_before(
+    tmp_path, tiny_random_model_dir, mod3_task, capsys
+):
+    """A checkpoint whose trainer_state.json parses and hashes right but does not fit the trainer
+    (the sampler's position missing) is a damaged checkpoint: auto resume names the file and
+    goes back to the previous one instead of ending in a KeyError traceback."""
+    from dapo.cli import main
+    from runs import small_run_args
+
+    run = tmp_path / "run"
+    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 2, "trainer.save_freq=1")) == 0
+    bad = run / "global_step_2"
+    st = json.loads((bad / "trainer_state.json").read_text())
+    del st["sampler"]["position"]
+    (bad / "trainer_state.json").write_text(json.dumps(st))
+    _rehash(bad, "trainer_state.json")
+    capsys.readouterr()
+    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 3, "trainer.save_freq=1")) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text
+    (warn,) = [x for x in text.splitlines() if "skipping checkpoint global_step_2" in x]
+    assert f"{bad / 'trainer_state.json'}: " in warn and "position" in warn
+    assert f"resumed from {run / 'global_step_1'} (step 1)" in text
+    assert json.loads((run / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3
