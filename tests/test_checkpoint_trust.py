@@ -361,6 +361,7 @@ def test_a_run_on_a_full_disk_stops_with_one_line(
         '{"format": 2, "step": 1.5, "files": {}}',
         '{"format": 2, "step": 1, "files": {"rng_state.pt": {"size": -3, "sha256": "' + "0" * 64 + '"}}}',
     ],
+    ids=["infinite-step", "infinite-size", "deep-nesting", "float-step", "negative-size"],
 )
 def test_a_crafted_manifest_is_one_checkpoint_error(tmp_path, make, doc):
     """Whatever a shared manifest holds, listing, saving beside it and resuming past it work: the
