@@ -350,3 +350,57 @@ def test_a_run_on_a_full_disk_stops_with_one_line(
     assert err.startswith(f"dapo: not enough disk space to save {run / 'global_step_1'}: it needs about ")
     assert "123,456 bytes (0.1 MiB) are free there" in err and "trainer.max_actor_ckpt_to_keep" in err
     assert not [p for p in run.iterdir() if "global_step_" in p.name]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"format": 2, "step": 1e999, "files": {}}',  # a step that is not an integer (inf)
+        '{"format": 2, "step": 1, "files": {"rng_state.pt": {"size": 1e999, "sha256": "' + "0" * 64 + '"}}}',
+        "[" * 100_000 + "]" * 100_000,  # nested past the JSON parser's recursion limit
+        '{"format": 2, "step": 1.5, "files": {}}',
+        '{"format": 2, "step": 1, "files": {"rng_state.pt": {"size": -3, "sha256": "' + "0" * 64 + '"}}}',
+    ],
+    ids=["infinite-step", "infinite-size", "deep-nesting", "float-step", "negative-size"],
+)
+def test_a_crafted_manifest_is_one_checkpoint_error(tmp_path, make, doc):
+    """Whatever a shared manifest holds, listing, saving beside it and resuming past it work: the
+    bad checkpoint is skipped with a line naming its manifest, never a raw traceback."""
+    model, opt, sched = make()
+    run = tmp_path / "run"
+    _save(run, 1, model, opt, sched)
+    bad = run / "global_step_1"
+    (bad / MANIFEST).write_text(doc)
+    warnings = []
+    with pytest.raises(CheckpointError, match=re.escape(str(bad / MANIFEST))):
+        find_resume_checkpoint(run, warn=warnings.append)
+    assert list_checkpoints(run) == []
+    _save(run, 2, model, opt, sched)  # saving next to it lists and prunes around it
+    assert find_resume_checkpoint(run, warn=warnings.append) == run / "global_step_2"
+
+
+def test_trainer_state_that_does_not_fit_is_skipped_for_the_one_before(
+    tmp_path, tiny_random_model_dir, mod3_task, capsys
+):
+    """A checkpoint whose trainer_state.json parses and hashes right but does not fit the trainer
+    (the sampler's position missing) is a damaged checkpoint: auto resume names the file and
+    goes back to the previous one instead of ending in a KeyError traceback."""
+    from dapo.cli import main
+    from runs import small_run_args
+
+    run = tmp_path / "run"
+    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 2, "trainer.save_freq=1")) == 0
+    bad = run / "global_step_2"
+    st = json.loads((bad / "trainer_state.json").read_text())
+    del st["sampler"]["position"]
+    (bad / "trainer_state.json").write_text(json.dumps(st))
+    _rehash(bad, "trainer_state.json")
+    capsys.readouterr()
+    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 3, "trainer.save_freq=1")) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text
+    (warn,) = [x for x in text.splitlines() if "skipping checkpoint global_step_2" in x]
+    assert f"{bad / 'trainer_state.json'}: " in warn and "position" in warn
+    assert f"resumed from {run / 'global_step_1'} (step 1)" in text
+    assert json.loads((run / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3

@@ -91,3 +91,8 @@ def test_eval_never_loads_a_checkpoint_over_the_model(trained, tiny_random_model
     assert main(["eval", "--model", str(run_dir / "global_step_2"), *common]) == 2
     (err,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dapo:")]
     assert err == f"dapo: {weights}: sha256 differs from dapo_checkpoint.json (the file is corrupted)"
+    # removing the manifest does not skip the check: a global_step_N without one was cut off
+    (run_dir / "global_step_2" / "dapo_checkpoint.json").unlink()
+    assert main(["eval", "--model", str(run_dir / "global_step_2"), *common]) == 2
+    (err,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dapo:")]
+    assert err.startswith(f"dapo: {run_dir / 'global_step_2' / 'dapo_checkpoint.json'}: missing")

@@ -418,3 +418,18 @@ def test_setsid_child_holding_the_pipes_dies_with_the_sandbox(then, host):
     assert "the host saw the child" in res.stdout, (res.status, res.stdout, res.stderr)
     assert res.status == ("ok" if then == "exit" else "timeout")
     assert _comm_pids(marker) == [], "the detached child outlived the sandbox"
+
+
+def test_memory_held_in_descriptors_is_bounded(host):
+    """memfds (and pipe or socket buffers) hold memory that neither RLIMIT_AS nor the tmpfs quota
+    counts; the descriptor limit bounds it: here at most 64 memfds of 1 MiB, not 200 MiB."""
+    fields, hits, sockets = host
+    code = (
+        "import os\nheld = []\ntry:\n    for i in range(200):\n        fd = os.memfd_create('m')\n"
+        "        os.write(fd, b'x' * (1 << 20))\n        held.append(fd)\nexcept OSError as e:\n"
+        "    print('stopped', e.errno)\nprint('held MiB', len(held))\n"
+    )
+    res = run_python(code, SandboxLimits(**{**LIMITS, "memory_mb": 64}, audit_hook=False))
+    _assert_contained(res, fields, hits, sockets)
+    assert res.status == "ok" and res.stdout.startswith("stopped 24\n"), (res.stdout, res.stderr)
+    assert 0 < int(res.stdout.split("held MiB ")[1]) < 64

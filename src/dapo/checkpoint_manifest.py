@@ -30,6 +30,7 @@ FORMAT_VERSION = 2
 STATE_FILE = "trainer_state.json"
 _CHUNK = 1 << 20
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
@@ -104,18 +105,32 @@ def read_manifest(root: Path) -> Manifest:
         raise CheckpointError(f"{mpath}: missing (the checkpoint was cut off mid-write or copied in part)")
     try:
         doc = json.loads(mpath.read_text(encoding="utf-8"))
-        fmt = int(doc.get("format", 1))
-        step = int(doc["step"])
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+        fmt = _whole(doc.get("format", 1), "format")
+        step = _whole(doc["step"], "step")
         raw = doc["files"]
         if not isinstance(raw, dict):
             raise TypeError("'files' is not an object")
         files: dict[str, tuple[int, str | None]] = {}
         for rel, entry in raw.items():
             if fmt >= 2:
-                files[rel] = (int(entry["size"]), str(entry["sha256"]))
+                digest = entry["sha256"]
+                if not isinstance(digest, str) or not _SHA256_RE.match(digest):
+                    raise ValueError(f"{rel!r}: sha256 is not 64 hex digits")
+                files[rel] = (_whole(entry["size"], f"{rel!r} size"), digest)
             else:
-                files[rel] = (int(entry), None)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+                files[rel] = (_whole(entry, f"{rel!r} size"), None)
+    # RecursionError: JSON nested past the parser's depth limit
+    except (
+        OSError,
+        UnicodeDecodeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ) as e:
         raise CheckpointError(f"{mpath}: unreadable ({error_summary(e)})") from None
     if fmt > FORMAT_VERSION:
         raise CheckpointError(
@@ -126,6 +141,13 @@ def read_manifest(root: Path) -> Manifest:
         if p.is_absolute() or ".." in p.parts or rel in ("", ".", MANIFEST) or "\\" in rel:
             raise CheckpointError(f"{mpath}: lists {rel!r}, which is not a file inside the checkpoint")
     return Manifest(step, fmt, files)
+
+
+def _whole(v: object, what: str) -> int:
+    """A manifest number: a non-negative JSON integer (not a float, a bool or infinity)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{what} is {v!r}, not a non-negative integer")
+    return v
 
 
 def check_complete(root: Path) -> str | None:
@@ -168,9 +190,9 @@ def verify(root: Path) -> Manifest:
         raise CheckpointError(f"{state}: missing")
     try:
         st_step = json.loads(state.read_text(encoding="utf-8"))["global_step"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(f"{state}: unreadable ({error_summary(e)})") from None
-    if st_step != m.step:
+    if type(st_step) is not int or st_step != m.step:
         raise CheckpointError(f"{state}: global_step is {st_step!r}, the manifest says {m.step}")
     return m
 

@@ -69,9 +69,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides)
     if args.model:
-        from dapo.checkpoint import MANIFEST, hf_model_dir, verify_checkpoint
+        from dapo.checkpoint import MANIFEST, checkpoint_step, hf_model_dir, verify_checkpoint
 
-        if (Path(args.model) / MANIFEST).exists():  # a global_step_N checkpoint: check it is whole
+        # a checkpoint (a manifest, or named global_step_N: without one it was cut off): check it is whole
+        if (Path(args.model) / MANIFEST).exists() or checkpoint_step(args.model) is not None:
             verify_checkpoint(args.model, warn=lambda msg: print(f"dapo: warning: {msg}", file=sys.stderr))
         model = hf_model_dir(args.model)  # a model directory, or a global_step_N checkpoint
         overrides.append(f"actor_rollout_ref.model.path={model}")

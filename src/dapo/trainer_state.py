@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
+from dapo.checkpoint import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
+from dapo.checkpoint_manifest import STATE_FILE, error_summary
 
 if TYPE_CHECKING:
     from dapo.trainer import Trainer
@@ -81,10 +82,17 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> None:
             from dapo.distributed.fsdp_worker import load_sharded
 
             load_sharded(t.model, t.optimizer, str(dcp_dir))
-    t.sampler.load_state_dict(st["sampler"])
-    t.batcher.load_state_dict(st["batcher"])
-    if t.kl_ctrl is not None and st.get("kl_coef") is not None:
-        t.kl_ctrl.value = float(st["kl_coef"])
-    t.actor.nonfinite_steps = int(st["nonfinite_steps"])
-    t.prefetcher.load_state_dict(st.get("prefetched"))
-    t.rollout.engine._device_generators.update(st.get("rollout_device_generators") or {})
+    try:
+        t.sampler.load_state_dict(st["sampler"])
+        t.batcher.load_state_dict(st["batcher"])
+        if t.kl_ctrl is not None and st.get("kl_coef") is not None:
+            t.kl_ctrl.value = float(st["kl_coef"])
+        t.actor.nonfinite_steps = int(st["nonfinite_steps"])
+        t.prefetcher.load_state_dict(st.get("prefetched"))
+        t.rollout.engine._device_generators.update(st.get("rollout_device_generators") or {})
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a state that parses but does not fit: a damaged checkpoint
+        raise CheckpointError(
+            f"{path / STATE_FILE}: does not fit this trainer ({error_summary(e)})"
+        ) from None

@@ -1,6 +1,7 @@
 """Runs inside the sandbox (``python -I -S``): limits itself, installs the guard, runs the code.
 
-argv: work_dir cpu_seconds memory_bytes file_bytes max_processes code_fd status_fd audit(0|1).
+argv: work_dir cpu_seconds memory_bytes file_bytes max_processes max_open_files code_fd status_fd
+audit(0|1).
 The code is read from ``code_fd``; a JSON status (refused operations, the exception raised) goes
 to ``status_fd``. Every other descriptor is closed first. Not imported by the trainer: it only
 uses the standard library.
@@ -124,8 +125,8 @@ def make_guard(box: str, refused: list):
 
 def main() -> None:
     box = sys.argv[1]
-    cpu, mem, fsize, nproc = (int(a) for a in sys.argv[2:6])
-    code_fd, status_fd, audit = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8] == "1"
+    cpu, mem, fsize, nproc, nofile = (int(a) for a in sys.argv[2:7])
+    code_fd, status_fd, audit = int(sys.argv[7]), int(sys.argv[8]), sys.argv[9] == "1"
     with os.fdopen(code_fd, "rb") as f:
         code = f.read().decode("utf-8", errors="replace")
     os.closerange(3, status_fd)
@@ -138,6 +139,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
     refused: list[str] = []
     # the code's __main__ is a fresh module, not this runner (whose globals hold the tables)

@@ -71,6 +71,9 @@ class SandboxLimits:
     max_file_bytes: int = 1 << 20  # RLIMIT_FSIZE
     disk_mb: int = 16  # size of the tmpfs work directory
     max_processes: int = 16  # RLIMIT_NPROC (threads count too; the OS sandbox allows one process)
+    # RLIMIT_NOFILE: memfds, pipes and socket buffers hold memory outside RLIMIT_AS and the tmpfs
+    # quota; the number of descriptors (each memfd at most max_file_bytes) is what bounds it
+    max_open_files: int = 64
     network_namespace: str = "auto"  # weak mode only: auto | always | never (unshare -rn)
     # off only in tests, to check each layer on its own: the in-process guard and the seccomp filter
     audit_hook: bool = True
@@ -215,6 +218,7 @@ def _runner_args(box: str, lim: SandboxLimits, code_fd: int, status_fd: int) -> 
         str(int(lim.memory_mb) << 20),
         str(int(lim.max_file_bytes)),
         str(int(lim.max_processes)),
+        str(int(lim.max_open_files)),
         str(code_fd),
         str(status_fd),
         "1" if lim.audit_hook else "0",
