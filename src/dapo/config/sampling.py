@@ -61,6 +61,7 @@ class SkipConfig:
     Only used by strategy ``default``.
     """
 
+    # skip prompts whose recent groups were all filtered (strategy default only)
     enable: bool = True
     # "posterior" (solve-rate posterior over all groups) or "streak" (consecutive filtered groups)
     rule: str = "posterior"
@@ -95,6 +96,7 @@ class AdaptiveThresholdConfig:
     the difference), around the band's centre, never narrower than ``min_width``.
     """
 
+    # move the band's half-width toward the target kept fraction (needs filter_rule band)
     enable: bool = False
     # kept fraction (kept groups / rolled-out groups) the band steers toward
     target: float = 0.5

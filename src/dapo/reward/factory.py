@@ -1,8 +1,8 @@
 """Build a reward manager from a verl-style config (OmegaConf, dict or dataclasses).
 
-Keys read (defaults in brackets):
+Keys read (a key that is absent or null takes the schema's default, ``dapo.config.schema``):
 
-* ``reward_model.reward_manager`` [naive]: ``naive`` or ``dapo``.
+* ``reward_model.reward_manager`` [dapo]: ``dapo`` or ``naive``.
 * ``reward_model.overlong_buffer.{enable,len,penalty_factor,log}`` [False, 0, 0.0, False];
   ``reward_model.reward_kwargs.overlong_buffer_cfg.*`` is accepted as an alias (verl run
   scripts add it with ``+``); giving both with different values is an error.
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dapo.config.schema import CustomRewardFunctionConfig, DataConfig, RewardModelConfig
 from dapo.reward.manager import (
     REWARD_MANAGERS,
     DAPORewardManager,
@@ -100,7 +101,7 @@ def build_objectives(cfg: Any) -> list[RewardObjective] | None:
 
 def build_reward_manager(cfg: Any, tokenizer: Any, num_examine: int = 0) -> DAPORewardManager:
     """The reward manager the config asks for. Call ``.close()`` (or use ``with``) when done."""
-    name = str(select(cfg, "reward_model.reward_manager", "naive"))
+    name = str(select(cfg, "reward_model.reward_manager", RewardModelConfig.reward_manager))
     if name not in REWARD_MANAGERS:
         raise ValueError(
             f"reward_model.reward_manager must be one of {sorted(REWARD_MANAGERS)}, got {name!r}"
@@ -108,7 +109,9 @@ def build_reward_manager(cfg: Any, tokenizer: Any, num_examine: int = 0) -> DAPO
     path = select(cfg, "custom_reward_function.path")
     reward_kwargs = dict(_plain(select(cfg, "custom_reward_function.reward_kwargs", {})) or {})
     compute_score = (
-        ScorerRef.from_file(path, str(select(cfg, "custom_reward_function.name", "compute_score")))
+        ScorerRef.from_file(
+            path, str(select(cfg, "custom_reward_function.name", CustomRewardFunctionConfig.name))
+        )
         if path
         else None
     )
@@ -120,7 +123,7 @@ def build_reward_manager(cfg: Any, tokenizer: Any, num_examine: int = 0) -> DAPO
         cfg, "reward_model.reward_kwargs.max_resp_len", select(cfg, "data.max_response_length")
     )
     kwargs: dict[str, Any] = dict(
-        reward_fn_key=str(select(cfg, "data.reward_fn_key", "data_source")),
+        reward_fn_key=str(select(cfg, "data.reward_fn_key", DataConfig.reward_fn_key)),
         max_resp_len=int(max_resp_len) if max_resp_len is not None else None,
         objectives=build_objectives(cfg),
         scoring=scoring,
