@@ -20,6 +20,7 @@ fallbacks. The rules (verl's, unless marked ours):
 * ``rollout.log_prob_use_dynamic_bsz``: also true when ``actor.use_dynamic_bsz`` is (verl
   interpolates it from the actor)
 * ``ref.log_prob_*``: the reference pass uses the rollout's log-prob settings
+* ``reward_model.scoring.num_workers``: null -> one per core, at most 4 (ours)
 * ``trainer.total_training_steps``: null -> ``len(train data) // data.train_batch_size x
   trainer.total_epochs`` (at least one step per epoch), once the size of the data is known
 * ``optim.lr_warmup_steps``: -1 -> ``int(optim.lr_warmup_steps_ratio x total steps)``;
@@ -32,6 +33,7 @@ which are written on first use) stay null.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,8 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
     ref.log_prob_use_dynamic_bsz = r.log_prob_use_dynamic_bsz
     ref.log_prob_max_token_len_per_gpu = r.log_prob_max_token_len_per_gpu
 
+    if cfg.reward_model.scoring.num_workers is None:
+        cfg.reward_model.scoring.num_workers = default_scoring_workers()
     if tr.total_training_steps is None and num_train_rows is not None:
         steps_per_epoch = max(1, num_train_rows // d.train_batch_size)
         tr.total_training_steps = steps_per_epoch * tr.total_epochs
@@ -101,6 +105,11 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
     if readonly:
         OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def default_scoring_workers() -> int:
+    """Reward-scoring worker processes when ``reward_model.scoring.num_workers`` is null."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def count_train_rows(cfg: Any) -> int | None:

@@ -370,7 +370,9 @@ class ScoringConfig:
     failure_score: float = -1.0
     # scoring worker processes (null: up to 4, by CPU count)
     num_workers: int | None = None
+    # seconds one step's worker scoring may take in all (null: no bound)
     step_timeout_s: float | None = None
+    # address-space cap of each scoring worker in MB (0: no cap)
     memory_limit_mb: float = 8192
 
 
