@@ -112,6 +112,12 @@ def default_scoring_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def typed(cfg: Any) -> Any:
+    """The config as the schema's dataclasses (``DapoConfig``): what the trainer holds once it is
+    resolved, so every key is a typed attribute."""
+    return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+
+
 def count_train_rows(cfg: Any) -> int | None:
     """The number of training prompts, read from the parquet footers without loading the data;
     None when it cannot be known before loading (the built-in task not written yet, prompts

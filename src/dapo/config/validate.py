@@ -120,7 +120,7 @@ def validate(cfg: Any) -> list[str]:
         f"actor_rollout_ref.actor.clip_ratio_c: must be > 1 (dual clip), got {actor.clip_ratio_c}",
     )
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        v = actor[key]
+        v = getattr(actor, key)
         need(v is None or v >= 0, f"actor_rollout_ref.actor.{key}: must be >= 0, got {v}")
     kl_names = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
     need(
