@@ -24,7 +24,7 @@ from dapo.algo.agg import agg_loss, compute_global_batch_info
 from dapo.algo.kl import kl_penalty
 from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
 from dapo.batch import Batch
-from dapo.config.schema import ActorConfig, RolloutConfig
+from dapo.config.schema import ActorConfig, ModelConfig, RolloutConfig
 
 _A = ActorConfig  # verl's defaults, from the config schema
 
@@ -45,7 +45,7 @@ class ActorSettings:
     loss_agg_mode: str = _A.loss_agg_mode
     loss_scale_factor: float | None = _A.loss_scale_factor
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_mode: str = "vanilla"
+    loss_mode: str = PolicyLossConfig.loss_mode
     entropy_coeff: float = _A.entropy_coeff
     calculate_entropy: bool = _A.calculate_entropy
     use_kl_loss: bool = _A.use_kl_loss
@@ -55,7 +55,7 @@ class ActorSettings:
     ppo_max_token_len_per_gpu: int = _A.ppo_max_token_len_per_gpu
     log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
-    use_remove_padding: bool = False
+    use_remove_padding: bool = ModelConfig.use_remove_padding
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
