@@ -2,7 +2,7 @@
 
 Each micro-batch loss is aggregated with the *mini-batch's* global token / sequence counts
 (``dapo.algo.agg``), and micro-batch losses are summed, so the accumulated gradient equals
-the gradient of the whole mini-batch at once for every ``loss_agg_mode`` (DESIGN.md rule 1),
+the gradient of the whole mini-batch at once for every ``loss_agg_mode``,
 however the rows are grouped into micro-batches: fixed ``ppo_micro_batch_size`` slices, or
 with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 (``dapo.actor.seqlen_balancing``). With ``use_remove_padding`` each micro-batch runs packed

@@ -5,7 +5,7 @@ The rest are ours; each field's docstring-comment says what it does. The default
 
 Strategies:
 
-* ``"verl"``: the DAPO recipe's accumulator exactly (VERL_SPEC Appendix B): rounds of
+* ``"verl"``: the DAPO recipe's accumulator exactly (verl's recipe/dapo/dapo_ray_trainer.py): rounds of
   ``data.gen_batch_size`` prompts, keep groups with ``np.std(metric) > 0`` (or a single
   trajectory), trim to the first ``train_batch_size`` groups, drop the surplus.
   ``carry_over``, ``adaptive_rounds``, ``skip``, ``filter_rule``, ``band`` and

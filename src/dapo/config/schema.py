@@ -1,6 +1,6 @@
 """The configuration schema: verl's key names, one dataclass per block, defaults here only.
 
-Defaults follow verl's ``ppo_trainer.yaml`` + the DAPO recipe yaml (VERL_SPEC section 2)
+Defaults follow verl's ``trainer/config/ppo_trainer.yaml`` and the DAPO recipe's yaml
 except where a comment says why we differ (CPU-first, no critic, no hub).
 """
 

@@ -34,7 +34,7 @@ def validate(cfg: Any) -> list[str]:
         if not cond:
             p.append(msg)
 
-    # batch sizes (VERL_SPEC 1.1, 2.8)
+    # batch sizes (prompts; a mini-batch of prompts is x rollout.n trajectories)
     tbs, n = data.train_batch_size, rollout.n
     need(tbs >= 1, f"data.train_batch_size: must be >= 1 prompts, got {tbs}")
     need(n >= 1, f"actor_rollout_ref.rollout.n: must be >= 1 responses per prompt, got {n}")
