@@ -56,7 +56,7 @@ def _load(args: argparse.Namespace, warn: bool = True):
         raise ConfigError(problems)
     if warn:
         for w in config_warnings(cfg):
-            print(f"dapo: note: {w}", file=sys.stderr)
+            print(f"note: {w}", file=sys.stderr)
     return cfg, resolve(cfg, num_train_rows=count_train_rows(cfg))
 
 
