@@ -42,6 +42,7 @@ def test_preprocessed_data_trains(tmp_path, tiny_random_model_dir, fmt):
             f"trainer.default_local_dir={run_dir}",
             "data.max_prompt_length=1024",
             "data.max_response_length=8",
+            "reward_model.overlong_buffer.len=2",
             "trainer.total_training_steps=1",
             "trainer.torch_threads=1",
             "trainer.val_before_train=false",

@@ -1,4 +1,4 @@
-"""``dapo``: train | validate | eval | data | preprocess | bench."""
+"""dapo: RL post-training of language models on verifiable rewards (DAPO, verl's config keys)."""
 
 from __future__ import annotations
 
@@ -21,20 +21,59 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides with verl's dotted keys")
 
 
-def _load(args: argparse.Namespace):
-    from dapo.config.validate import validate
+EPILOG = """\
+commands, with an example each:
+  train       dapo train                                  (the built-in demo: tiny model, CPU, a few minutes)
+              dapo train -c smollm2 trainer.total_training_steps=4
+  validate    dapo validate data.train_batch_size=64      (check a config, print what the run will use)
+              dapo validate --explain actor_rollout_ref.actor   (each key: value, default, meaning)
+  eval        dapo eval --model RUN_DIR/final_model        (held-out metrics of a saved model)
+  data        dapo data arithmetic --output data/          (write the built-in task as verl parquet)
+  preprocess  dapo preprocess gsm8k --input gsm8k.jsonl --output data/   (your data file to verl parquet)
+  bench       dapo bench sampling --json                  (dynamic-sampling simulation, no model)
+  view        dapo view RUN_DIR                            (browse a run's rollout dumps in the terminal)
+  report      dapo report RUN_DIR                          (a run's HTML report: sampling, lengths, timing)
+  model       dapo model import FILE.gguf --output DIR     (a GGUF file to a Hugging Face directory)
+`dapo COMMAND --help` describes each one.
+"""
 
-    cfg = load_config(args.overrides, preset=args.config_name)
-    problems = validate(cfg)
+KEYS_HELP = (
+    "configuration: verl's dotted keys as key=value overrides on a preset; "
+    "`dapo validate --explain [PREFIX]` lists every key with its default, the value the run "
+    "uses and its meaning (e.g. `dapo validate --explain algorithm.filter_groups`)"
+)
+
+
+def _load(args: argparse.Namespace, warn: bool = True):
+    """The validated, resolved config of a command line; every problem is reported at once."""
+    from dapo.config.resolve import count_train_rows, resolve
+    from dapo.config.validate import config_warnings, validate
+
+    problems: list[str] = []
+    cfg = load_config(args.overrides, preset=args.config_name, problems=problems)
+    problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
-    return cfg
+    if warn:
+        for w in config_warnings(cfg):
+            print(f"note: {w}", file=sys.stderr)
+    return cfg, resolve(cfg, num_train_rows=count_train_rows(cfg))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cfg = _load(args)
+    loaded, cfg = _load(args)
+    if args.explain is not None:
+        from dapo.config.explain import explain
+
+        try:
+            print(explain(loaded, cfg, args.explain))
+        except KeyError:
+            raise ConfigError(
+                [f"--explain {args.explain}: no key starts with it; try --explain with no prefix"]
+            ) from None
+        return 0
     print(to_yaml(cfg), end="")
-    print("# configuration OK", file=sys.stderr)
+    print("# configuration OK (values derived from other keys are filled in)", file=sys.stderr)
     return 0
 
 
@@ -45,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # soft_wrap: one line per step in logs too (a non-terminal console is 80 columns wide)
     console = Console(stderr=False, highlight=False, soft_wrap=True)
-    cfg = _load(args)
+    _, cfg = _load(args)
     trainer = Trainer(cfg, printer=console.print)
     summary = trainer.fit()
     before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
@@ -79,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # evaluation scores the model it is given: a checkpoint in the run directory never loads over it
     overrides += ["trainer.val_only=true", "trainer.logger=[console]", "trainer.resume_mode=disable"]
     args.overrides = overrides
-    cfg = _load(args)
+    _, cfg = _load(args, warn=False)
     console = Console(highlight=False, soft_wrap=True)
     trainer = Trainer(cfg, printer=console.print)
     metrics = trainer.validate()
@@ -100,14 +139,34 @@ def cmd_data_arithmetic(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dapo", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="dapo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train with DAPO (dynamic sampling) on the given config")
+    p = sub.add_parser(
+        "train",
+        help="train with DAPO (dynamic sampling) on the given config",
+        description="Train with DAPO on a preset plus key=value overrides. " + KEYS_HELP,
+        epilog="example: dapo train data.train_files=train.parquet actor_rollout_ref.model.path=MODEL_DIR",
+    )
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("validate", help="check a configuration and print it resolved; runs nothing")
+    p = sub.add_parser(
+        "validate",
+        help="check a configuration and print what the run will use; runs nothing",
+        description="Check a configuration (every problem at once) and print it with derived values "
+        "filled in. " + KEYS_HELP,
+    )
+    p.add_argument(
+        "--explain",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PREFIX",
+        help="list each key (under PREFIX) with its value, default and meaning instead of the yaml",
+    )
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
 

@@ -34,16 +34,12 @@ def lr_lambda(
 def build_optimizer(
     model: torch.nn.Module, optim: Any, total_training_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its schedule from ``actor_rollout_ref.actor.optim``. A negative
-    ``lr_warmup_steps`` means ``lr_warmup_steps_ratio`` of the training steps."""
+    """AdamW and its schedule from a resolved ``actor_rollout_ref.actor.optim``
+    (``dapo.config.resolve`` turns a ratio warmup into ``lr_warmup_steps``)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
     )
-    warmup = (
-        optim.lr_warmup_steps
-        if optim.lr_warmup_steps >= 0
-        else int(optim.lr_warmup_steps_ratio * total_training_steps)
-    )
+    warmup = optim.lr_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lr_lambda(

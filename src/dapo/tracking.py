@@ -14,6 +14,7 @@ into the same wandb / mlflow run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -281,10 +282,13 @@ def build_trackers(
     *,
     project_name: str = "dapo",
     experiment_name: str | None = None,
-    config: Mapping[str, Any] | None = None,
+    config: Any = None,
 ) -> list[Tracker]:
     """The trackers named in ``trainer.logger``; a tracker whose package is missing raises
-    :class:`TrackerUnavailable` naming the extra to install, before any training starts."""
+    :class:`TrackerUnavailable` naming the extra to install, before any training starts.
+    ``config`` (a mapping or the run's config dataclass) is recorded as the run's parameters."""
+    if dataclasses.is_dataclass(config):
+        config = dataclasses.asdict(config)
     out: list[Tracker] = []
     seen = set()
     for name in names:

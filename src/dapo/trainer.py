@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from dapo.actor.dp_actor import Actor, actor_settings_from_config
 from dapo.actor.old_log_prob import BYPASS, RECOMPUTE, old_log_prob_source
@@ -34,6 +33,7 @@ from dapo.algo.rollout_correction import apply_rollout_correction
 from dapo.batch import Batch
 from dapo.checkpoint import save_model_dir
 from dapo.config.load import ConfigError
+from dapo.config.resolve import resolve, typed
 from dapo.config.validate import validate
 from dapo.data.dataset import build_prompt_data
 from dapo.distributed.builder import build_actor, dp_world_size
@@ -67,11 +67,12 @@ class TrainingError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, printer: Callable[[str], None] = print):
+    def __init__(self, cfg: Any, printer: Callable[[str], None] = print):
         problems = validate(cfg)
         if problems:
             raise ConfigError(problems)
-        self.cfg, self.print = cfg, printer
+        self.cfg = cfg = typed(resolve(cfg))
+        self.print = printer
         # the reward pool forks after the tokenizer has run; its Rust threads must not be in use then
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         tr = cfg.trainer
@@ -93,11 +94,11 @@ class Trainer:
             self.print,
             project_name=tr.project_name,
             experiment_name=tr.experiment_name,
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=self.cfg,
         )
         from dapo.viewer.records import GroupRecorder
 
-        self.group_recorder = GroupRecorder.from_config(self.run_dir, cfg)
+        self.group_recorder = GroupRecorder.from_config(self.run_dir, self.cfg)
         self.global_step = 0
         self.timer = Timer()
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
@@ -108,11 +109,10 @@ class Trainer:
     # ---------------------------------------------------------------- setup
 
     def _setup_algorithm(self) -> None:
-        cfg, tr = self.cfg, self.cfg.trainer
+        self.cfg = cfg = resolve(self.cfg, num_train_rows=len(self.train_rows))  # the step count
         a, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
         self.settings = actor_settings_from_config(cfg)
-        per_epoch = max(1, len(self.train_rows) // cfg.data.train_batch_size)
-        self.total_training_steps = int(tr.total_training_steps or per_epoch * tr.total_epochs)
+        self.total_training_steps = int(cfg.trainer.total_training_steps)
         self.optimizer, self.scheduler = build_optimizer(self.model, a.optim, self.total_training_steps)
         self.use_ref = bool(a.use_kl_loss or alg.use_kl_in_reward)
         # the reference policy is the frozen initial weights; it costs nothing when no KL is used
@@ -334,7 +334,7 @@ class Trainer:
         numbers depend only on the weights (``dapo eval`` of a saved model reproduces them)."""
         if not self.val_rows:
             return {}
-        seed, bs = int(self.cfg.trainer.seed) + 7919, int(self.cfg.data.val_batch_size or 256)
+        seed, bs = int(self.cfg.trainer.seed) + 7919, int(self.cfg.data.val_batch_size)
         batch = self.rollout.generate_validation(self.val_rows, bs, seed)
         # a context of its own: validation's reward counters are not a training step's
         extra = self.round.score(batch, GenContext())

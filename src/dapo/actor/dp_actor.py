@@ -2,7 +2,7 @@
 
 Each micro-batch loss is aggregated with the *mini-batch's* global token / sequence counts
 (``dapo.algo.agg``), and micro-batch losses are summed, so the accumulated gradient equals
-the gradient of the whole mini-batch at once for every ``loss_agg_mode`` (DESIGN.md rule 1),
+the gradient of the whole mini-batch at once for every ``loss_agg_mode``,
 however the rows are grouped into micro-batches: fixed ``ppo_micro_batch_size`` slices, or
 with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 (``dapo.actor.seqlen_balancing``). With ``use_remove_padding`` each micro-batch runs packed
@@ -12,7 +12,7 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from dapo.algo.agg import agg_loss, compute_global_batch_info
 from dapo.algo.kl import kl_penalty
 from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
 from dapo.batch import Batch
-from dapo.config.schema import ActorConfig, RolloutConfig
+from dapo.config.schema import ActorConfig, ModelConfig, RolloutConfig
 
 _A = ActorConfig  # verl's defaults, from the config schema
 
@@ -45,7 +45,7 @@ class ActorSettings:
     loss_agg_mode: str = _A.loss_agg_mode
     loss_scale_factor: float | None = _A.loss_scale_factor
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_mode: str = "vanilla"
+    loss_mode: str = PolicyLossConfig.loss_mode
     entropy_coeff: float = _A.entropy_coeff
     calculate_entropy: bool = _A.calculate_entropy
     use_kl_loss: bool = _A.use_kl_loss
@@ -55,7 +55,7 @@ class ActorSettings:
     ppo_max_token_len_per_gpu: int = _A.ppo_max_token_len_per_gpu
     log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
-    use_remove_padding: bool = False
+    use_remove_padding: bool = ModelConfig.use_remove_padding
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
@@ -120,6 +120,13 @@ class Actor:
         self.optimizer = optimizer
         self.s = settings
         self.policy_loss_fn = get_policy_loss_fn(settings.loss_mode)
+        # built once; each mini-batch only sets its global token / sequence counts
+        self.loss_cfg = replace(
+            settings.policy_loss,
+            loss_agg_mode=settings.loss_agg_mode,
+            loss_scale_factor=settings.loss_scale_factor,
+            loss_mode=settings.loss_mode,
+        )
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
         self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
@@ -143,14 +150,8 @@ class Actor:
         s = self.s
         mask_all = mini.tensors["response_mask"].float()
         info = compute_global_batch_info(mask_all, dp_size=1, loss_scale_factor=s.loss_scale_factor)
-        cfg = PolicyLossConfig(
-            **{
-                **s.policy_loss.__dict__,
-                "global_batch_info": info,
-                "loss_agg_mode": s.loss_agg_mode,
-                "loss_scale_factor": s.loss_scale_factor,
-            }
-        )
+        cfg = self.loss_cfg
+        cfg.global_batch_info = info
         total_tokens = max(1.0, float(mask_all.sum()))
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {"actor/pg_loss": 0.0}
@@ -211,17 +212,16 @@ class Actor:
 
 
 def actor_settings_from_config(cfg: Any) -> ActorSettings:
-    """The actor's numbers from a resolved config (mini-batch sizes in trajectories)."""
+    """The actor's numbers from a config (mini-batch sizes in trajectories), read after
+    ``dapo.config.resolve`` has filled every derived key."""
+    from dapo.config.resolve import resolve
+
+    cfg = resolve(cfg)
     a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    n = r.n
-    micro = a.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size or a.ppo_mini_batch_size * n
-    lp_micro = r.log_prob_micro_batch_size_per_gpu or r.log_prob_micro_batch_size or micro
-    model_cfg = cfg.actor_rollout_ref.model
-    use_dyn = bool(getattr(a, "use_dynamic_bsz", False))
     pl = a.policy_loss
     return ActorSettings(
-        ppo_mini_batch_size=a.ppo_mini_batch_size * n,
-        ppo_micro_batch_size=int(micro),
+        ppo_mini_batch_size=a.ppo_mini_batch_size * r.n,
+        ppo_micro_batch_size=int(a.ppo_micro_batch_size_per_gpu),
         ppo_epochs=a.ppo_epochs,
         shuffle=a.shuffle,
         data_loader_seed=a.data_loader_seed,
@@ -234,9 +234,6 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
             clip_ratio_low=a.clip_ratio_low,
             clip_ratio_high=a.clip_ratio_high,
             clip_ratio_c=a.clip_ratio_c,
-            loss_agg_mode=a.loss_agg_mode,
-            loss_scale_factor=a.loss_scale_factor,
-            loss_mode=pl.loss_mode,
             clip_cov_ratio=pl.clip_cov_ratio,
             clip_cov_lb=pl.clip_cov_lb,
             clip_cov_ub=pl.clip_cov_ub,
@@ -249,11 +246,10 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
         use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef,
         kl_loss_type=a.kl_loss_type,
-        log_prob_micro_batch_size=int(lp_micro),
-        use_dynamic_bsz=use_dyn,
-        ppo_max_token_len_per_gpu=int(getattr(a, "ppo_max_token_len_per_gpu", 16384)),
-        # verl interpolates log_prob_use_dynamic_bsz from the actor's use_dynamic_bsz
-        log_prob_use_dynamic_bsz=bool(getattr(r, "log_prob_use_dynamic_bsz", False)) or use_dyn,
-        log_prob_max_token_len_per_gpu=int(getattr(r, "log_prob_max_token_len_per_gpu", 16384)),
-        use_remove_padding=bool(getattr(model_cfg, "use_remove_padding", False)),
+        log_prob_micro_batch_size=int(r.log_prob_micro_batch_size_per_gpu),
+        use_dynamic_bsz=a.use_dynamic_bsz,
+        ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
+        log_prob_use_dynamic_bsz=r.log_prob_use_dynamic_bsz,
+        log_prob_max_token_len_per_gpu=r.log_prob_max_token_len_per_gpu,
+        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
     )

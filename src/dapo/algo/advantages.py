@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dapo.algo.utils import cfg_get, masked_whiten
+from dapo.config.schema import AlgorithmConfig
 
 __all__ = [
     "AdvantageEstimator",
@@ -240,7 +241,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     gamma: the `gamma` argument, else `config.gamma` (algorithm.gamma), else 1.0.
     """
     if gamma is None:
-        gamma = cfg_get(config, "gamma", 1.0)
+        gamma = cfg_get(config, "gamma", AlgorithmConfig.gamma)
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)

@@ -24,6 +24,11 @@ import torch
 
 from dapo.algo.agg import agg_loss
 from dapo.algo.utils import cfg_get, masked_mean
+from dapo.config.schema import ActorConfig as _A
+from dapo.config.schema import PolicyLossConfig as _PL
+
+# the config schema holds every default once
+DEFAULT_LOSS_AGG_MODE = _A.loss_agg_mode
 
 __all__ = [
     "PolicyLossConfig",
@@ -50,18 +55,18 @@ class PolicyLossConfig:
     global_batch_size, loss_scale_factor); empty means "normalise locally".
     """
 
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = 0.2
-    clip_ratio_high: float | None = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
+    clip_ratio: float = _A.clip_ratio
+    clip_ratio_low: float | None = _A.clip_ratio_low
+    clip_ratio_high: float | None = _A.clip_ratio_high
+    clip_ratio_c: float = _A.clip_ratio_c
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE
+    loss_scale_factor: float | None = _A.loss_scale_factor
+    loss_mode: str = _PL.loss_mode
+    clip_cov_ratio: float = _PL.clip_cov_ratio
+    clip_cov_lb: float = _PL.clip_cov_lb
+    clip_cov_ub: float = _PL.clip_cov_ub
+    kl_cov_ratio: float = _PL.kl_cov_ratio
+    ppo_kl_coef: float = _PL.ppo_kl_coef
     global_batch_info: dict = field(default_factory=dict)
 
     @property
@@ -108,7 +113,7 @@ def _config(config: Any) -> Any:
 
 def _clip_range(config: Any) -> tuple[float, float]:
     """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio."""
-    base = cfg_get(config, "clip_ratio", 0.2)
+    base = cfg_get(config, "clip_ratio", _A.clip_ratio)
     return cfg_get(config, "clip_ratio_low", base), cfg_get(config, "clip_ratio_high", base)
 
 
@@ -146,7 +151,7 @@ def compute_policy_loss_vanilla(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -160,7 +165,7 @@ def compute_policy_loss_vanilla(
     """
     config = _config(config)
     eps_low, eps_high = _clip_range(config)
-    c = cfg_get(config, "clip_ratio_c", 3.0)
+    c = cfg_get(config, "clip_ratio_c", _A.clip_ratio_c)
     if not c > 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip constant) must be > 1.0, got {c}")
 
@@ -230,7 +235,7 @@ def compute_policy_loss_geo_mean(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -283,7 +288,7 @@ def compute_policy_loss_cispo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -313,7 +318,7 @@ def compute_policy_loss_clip_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -327,9 +332,9 @@ def compute_policy_loss_clip_cov(
     """
     config = _config(config)
     eps_low, eps_high = _clip_range(config)
-    ratio_sel = _loss_mode_param(config, "clip_cov_ratio", 0.0002)
-    cov_lb = _loss_mode_param(config, "clip_cov_lb", 1.0)
-    cov_ub = _loss_mode_param(config, "clip_cov_ub", 5.0)
+    ratio_sel = _loss_mode_param(config, "clip_cov_ratio", _PL.clip_cov_ratio)
+    cov_lb = _loss_mode_param(config, "clip_cov_lb", _PL.clip_cov_lb)
+    cov_ub = _loss_mode_param(config, "clip_cov_ub", _PL.clip_cov_ub)
     if not ratio_sel > 0:
         raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {ratio_sel}")
 
@@ -365,7 +370,7 @@ def compute_policy_loss_kl_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -375,8 +380,8 @@ def compute_policy_loss_kl_cov(
     The metric actor/ppo_kl is the masked mean of |log_prob - old_log_prob| here (verl's choice).
     """
     config = _config(config)
-    ratio_sel = _loss_mode_param(config, "kl_cov_ratio", 0.0002)
-    kl_coef = _loss_mode_param(config, "ppo_kl_coef", 1.0)
+    ratio_sel = _loss_mode_param(config, "kl_cov_ratio", _PL.kl_cov_ratio)
+    kl_coef = _loss_mode_param(config, "ppo_kl_coef", _PL.ppo_kl_coef)
     if not ratio_sel > 0:
         raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {ratio_sel}")
 

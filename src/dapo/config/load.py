@@ -44,22 +44,61 @@ def preset_path(name_or_path: str) -> Path:
     )
 
 
-def load_config(overrides: list[str] | None = None, preset: str | None = DEFAULT_PRESET) -> DictConfig:
-    """The resolved, schema-checked configuration. Raises ConfigError on unknown keys or bad values."""
+def load_config(
+    overrides: list[str] | None = None,
+    preset: str | None = DEFAULT_PRESET,
+    problems: list[str] | None = None,
+) -> DictConfig:
+    """The schema-checked configuration (interpolations resolved). Raises ConfigError naming every
+    unknown key and bad value, or, when ``problems`` is given, appends them to it and returns the
+    config without the bad entries (so cross-field checks can still run)."""
+    found: list[str] = []
     cfg = OmegaConf.structured(DapoConfig)
     if preset:
         path = preset_path(preset)
         try:
-            cfg = OmegaConf.merge(cfg, _load_yaml(path))
-        except Exception as e:  # omegaconf raises many types; name the file and the key
-            raise ConfigError([f"{path}: {_omegaconf_message(e, cfg)}"]) from e
-    apply_overrides(cfg, overrides or [])
-    _apply_aliases(cfg)
+            raw = _load_yaml(path)
+        except Exception as e:
+            raise ConfigError([f"{path}: cannot read the yaml: {str(e).splitlines()[0]}"]) from e
+        _merge_file(cfg, raw, "", path, found)
+    found.extend(_apply_overrides(cfg, overrides or []))
+    found.extend(_apply_aliases(cfg))
     try:
         OmegaConf.resolve(cfg)
     except Exception as e:
-        raise ConfigError([f"cannot resolve interpolations: {e}"]) from e
+        found.append(f"cannot resolve interpolations: {e}")
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise ConfigError(found)
     return cfg
+
+
+def _merge_file(cfg: DictConfig, raw: DictConfig, prefix: str, path: Path, problems: list[str]) -> None:
+    """Merge a yaml file key by key, so one bad entry does not hide the next."""
+    for k in raw.keys():
+        key = f"{prefix}{k}"
+        value = raw._get_node(k)
+        if not _has_key(cfg, key) and not _under_free_dict(cfg, key):
+            problems.append(f"{path}: {_unknown_key(cfg, key)}")
+            continue
+        target = OmegaConf.select(cfg, key, default=None) if _has_key(cfg, key) else None
+        if (
+            isinstance(value, DictConfig)
+            and isinstance(target, DictConfig)
+            and target._metadata.object_type not in (dict, None)
+        ):
+            _merge_file(cfg, value, key + ".", path, problems)
+            continue
+        plain = (
+            OmegaConf.to_container(value, resolve=False)
+            if isinstance(value, DictConfig | ListConfig)
+            else value._value()
+        )
+        try:
+            OmegaConf.update(cfg, key, plain, merge=True, force_add=True)
+        except Exception as e:  # omegaconf raises many types; name the file and the key
+            problems.append(f"{path}: {key}: {_omegaconf_message(e, cfg)}")
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -68,7 +107,8 @@ def _load_yaml(path: Path) -> DictConfig:
     return raw
 
 
-def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+def _apply_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """Apply ``key=value`` overrides; every one that cannot be applied is skipped and described."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import OverrideParseException
@@ -97,8 +137,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
             OmegaConf.update(cfg, key, value, merge=True, force_add=True)
         except Exception as e:
             problems.append(f"{key}={ov.get_value_element_as_str()}: {_omegaconf_message(e, cfg)}")
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def _plain(value: Any) -> Any:
@@ -148,11 +187,16 @@ def leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
 
 
 def _unknown_key(cfg: DictConfig, key: str) -> str:
+    from dapo.config.compat import foreign_hint
+
+    foreign = foreign_hint(key)
+    if foreign is not None:
+        return f"{key}: unknown configuration key; dapo's name for it is {foreign}"
     close = difflib.get_close_matches(key, leaf_keys(cfg), n=3, cutoff=0.6)
     if not close:
         tail = key.split(".")[-1]
         close = [k for k in leaf_keys(cfg) if k.split(".")[-1] == tail][:3]
-    hint = f"; did you mean {' or '.join(close)}?" if close else "; `dapo validate` prints every known key"
+    hint = f"; did you mean {' or '.join(close)}?" if close else "; `dapo validate --explain` lists every key"
     return f"{key}: unknown configuration key{hint}"
 
 
@@ -162,20 +206,21 @@ def _omegaconf_message(e: Exception, cfg: DictConfig) -> str:
     return f"{key}: {msg}" if key and key not in msg else msg
 
 
-def _apply_aliases(cfg: DictConfig) -> None:
+def _apply_aliases(cfg: DictConfig) -> list[str]:
     """verl spells some keys two ways; read the newer spelling into our one key."""
+    problems = []
     kwargs = cfg.reward_model.reward_kwargs
     alias = kwargs.get("overlong_buffer_cfg") if kwargs is not None else None
     if alias:
         for k, v in alias.items() if isinstance(alias, DictConfig | dict) else []:
             if k not in cfg.reward_model.overlong_buffer:
-                raise ConfigError(
-                    [
-                        f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}: unknown key; "
-                        "known: enable, len, penalty_factor, log"
-                    ]
+                problems.append(
+                    f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}: unknown key; "
+                    "known: enable, len, penalty_factor, log"
                 )
+                continue
             cfg.reward_model.overlong_buffer[k] = v
+    return problems
 
 
 def to_yaml(cfg: DictConfig) -> str:

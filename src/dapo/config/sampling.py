@@ -5,7 +5,7 @@ The rest are ours; each field's docstring-comment says what it does. The default
 
 Strategies:
 
-* ``"verl"``: the DAPO recipe's accumulator exactly (VERL_SPEC Appendix B): rounds of
+* ``"verl"``: the DAPO recipe's accumulator exactly (verl's recipe/dapo/dapo_ray_trainer.py): rounds of
   ``data.gen_batch_size`` prompts, keep groups with ``np.std(metric) > 0`` (or a single
   trajectory), trim to the first ``train_batch_size`` groups, drop the surplus.
   ``carry_over``, ``adaptive_rounds``, ``skip``, ``filter_rule``, ``band`` and
@@ -61,6 +61,7 @@ class SkipConfig:
     Only used by strategy ``default``.
     """
 
+    # skip prompts whose recent groups were all filtered (strategy default only)
     enable: bool = True
     # "posterior" (solve-rate posterior over all groups) or "streak" (consecutive filtered groups)
     rule: str = "posterior"
@@ -95,6 +96,7 @@ class AdaptiveThresholdConfig:
     the difference), around the band's centre, never narrower than ``min_width``.
     """
 
+    # move the band's half-width toward the target kept fraction (needs filter_rule band)
     enable: bool = False
     # kept fraction (kept groups / rolled-out groups) the band steers toward
     target: float = 0.5

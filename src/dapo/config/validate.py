@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.config import sampling as sampling_cfg
+from dapo.config.compat import unimplemented_problems
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -33,7 +34,7 @@ def validate(cfg: Any) -> list[str]:
         if not cond:
             p.append(msg)
 
-    # batch sizes (VERL_SPEC 1.1, 2.8)
+    # batch sizes (prompts; a mini-batch of prompts is x rollout.n trajectories)
     tbs, n = data.train_batch_size, rollout.n
     need(tbs >= 1, f"data.train_batch_size: must be >= 1 prompts, got {tbs}")
     need(n >= 1, f"actor_rollout_ref.rollout.n: must be >= 1 responses per prompt, got {n}")
@@ -52,8 +53,9 @@ def validate(cfg: Any) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} exceeds data.train_batch_size={tbs}; "
             "lower it to at most the train batch",
         )
+        # one cause, one message: a mini-batch larger than the batch is not also "not divisible"
         need(
-            tbs % mini == 0,
+            tbs < mini or tbs % mini == 0,
             f"data.train_batch_size={tbs} is not divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}; "
             "pick a mini-batch size that divides the train batch",
         )
@@ -118,7 +120,7 @@ def validate(cfg: Any) -> list[str]:
         f"actor_rollout_ref.actor.clip_ratio_c: must be > 1 (dual clip), got {actor.clip_ratio_c}",
     )
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        v = actor[key]
+        v = getattr(actor, key)
         need(v is None or v >= 0, f"actor_rollout_ref.actor.{key}: must be >= 0, got {v}")
     kl_names = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
     need(
@@ -198,9 +200,13 @@ def validate(cfg: Any) -> list[str]:
     ob = cfg.reward_model.overlong_buffer
     if ob.enable:
         need(ob.len > 0, "reward_model.overlong_buffer.len: must be > 0 when the overlong buffer is enabled")
+        max_len, max_key = _max_resp_len(cfg)
         need(
-            ob.len <= data.max_response_length,
-            f"reward_model.overlong_buffer.len={ob.len} exceeds data.max_response_length={data.max_response_length}",
+            ob.len < max_len,
+            f"reward_model.overlong_buffer.len={ob.len} is not shorter than {max_key}={max_len}: responses "
+            f"longer than {max_key} - len = {max_len - ob.len} tokens are penalised, so every response would be; "
+            f"set reward_model.overlong_buffer.len below {max_len} (the DAPO recipe uses a fifth of it) or "
+            "reward_model.overlong_buffer.enable=false",
         )
     sc = cfg.reward_model.scoring
     need(
@@ -252,6 +258,7 @@ def validate(cfg: Any) -> list[str]:
     )
     if tr.worker_backend == "process" and tr.nnodes > 1:
         p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
+    p.extend(unimplemented_problems(cfg)[0])
     return p
 
 
@@ -267,6 +274,45 @@ def _tool_config_problems(path: str) -> list[str]:
     except (OSError, yaml.YAMLError) as exc:
         return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
     return []
+
+
+def config_warnings(cfg: Any) -> list[str]:
+    """Settings that run but may not do what a newcomer expects, each naming the key. Give the
+    config as loaded (before ``resolve``): it tells a key the user set from a derived one."""
+    from dapo.config.resolve import count_train_rows, resolve
+
+    out = list(unimplemented_problems(cfg)[1])
+    data, fg = cfg.data, cfg.algorithm.filter_groups
+    gbs = data.gen_batch_size
+    if not fg.enable and gbs is not None and gbs != data.train_batch_size:
+        out.append(
+            f"algorithm.filter_groups.enable=false: each step trains on all data.gen_batch_size={gbs} prompts "
+            f"generated, not data.train_batch_size={data.train_batch_size} (verl's behaviour); set "
+            "data.gen_batch_size=null to train on data.train_batch_size prompts"
+        )
+    o = resolve(cfg, num_train_rows=count_train_rows(cfg)).actor_rollout_ref.actor.optim
+    if o.lr_warmup_steps > 0:
+        out.append(
+            f"actor_rollout_ref.actor.optim.lr_warmup_steps={o.lr_warmup_steps}: the learning rate rises "
+            f"linearly from 0, so step 1 makes no update (lr 0) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
+            "(verl's warmup); set lr_warmup_steps=0 to start at the full rate"
+        )
+    out.extend(
+        sampling_cfg.metric_warnings(
+            fg,
+            overlong_buffer_enable=bool(cfg.reward_model.overlong_buffer.enable),
+            use_kl_in_reward=bool(cfg.algorithm.use_kl_in_reward),
+        )
+    )
+    return out
+
+
+def _max_resp_len(cfg: Any) -> tuple[int, str]:
+    """The response length the overlong penalty measures against, and the key it comes from."""
+    kwargs = cfg.reward_model.reward_kwargs or {}
+    if kwargs.get("max_resp_len") is not None:
+        return int(kwargs["max_resp_len"]), "reward_model.reward_kwargs.max_resp_len"
+    return int(cfg.data.max_response_length), "data.max_response_length"
 
 
 def _dp_size(cfg: Any) -> int:

@@ -212,8 +212,7 @@ def build_prompt_data(
             files_key="data.val_files",
             **common,
         )
-    seed = int(d.seed if d.seed is not None else cfg.trainer.seed)
-    sampler = PromptSampler(train_rows, seed=seed, shuffle=d.shuffle)
+    sampler = PromptSampler(train_rows, seed=int(d.seed), shuffle=d.shuffle)
     log(
         f"data: {len(train_rows)} train prompts, {len(val_rows)} validation prompts"
         + (f" ({stats['filtered_overlong']} over-long filtered)" if stats["filtered_overlong"] else "")

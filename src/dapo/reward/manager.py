@@ -136,9 +136,9 @@ def validate_overlong(cfg: OverlongBufferConfig | None, max_resp_len: int | None
             "reward_model.reward_kwargs.max_resp_len (default: data.max_response_length) must be set when "
             "reward_model.overlong_buffer.enable=True"
         )
-    if max_resp_len < cfg.len:
+    if max_resp_len <= cfg.len:  # a buffer as long as the response would penalise every token
         raise ValueError(
-            f"reward_model.reward_kwargs.max_resp_len ({max_resp_len}) must be >= reward_model.overlong_buffer.len "
+            f"reward_model.reward_kwargs.max_resp_len ({max_resp_len}) must be > reward_model.overlong_buffer.len "
             f"({cfg.len}); lower the buffer or raise data.max_response_length"
         )
 

@@ -55,6 +55,8 @@ from dataclasses import InitVar, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from dapo.config.resolve import default_scoring_workers
+
 OK, ERROR, TIMEOUT, DIED, CONFIG = "ok", "error", "timeout", "died", "config"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -288,7 +290,7 @@ class ScoringPool:
         if memory_limit_mb is not None and memory_limit_mb < 0:
             raise ValueError(f"reward_model.scoring.memory_limit_mb must be >= 0, got {memory_limit_mb}")
         self.memory_limit_mb = float(memory_limit_mb or 0)
-        self.num_workers = int(num_workers) if num_workers else max(1, min(4, os.cpu_count() or 1))
+        self.num_workers = int(num_workers) if num_workers else default_scoring_workers()
         self.timeout_s = float(timeout_s)
         self.load_timeout_s = max(float(load_timeout_s), self.timeout_s)
         self.max_chunk = max(1, int(max_chunk))

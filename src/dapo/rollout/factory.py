@@ -25,7 +25,7 @@ def build_rollout(
 ) -> Any:
     """An engine with ``generate(prompt_ids, params, prompt_width) -> RolloutOutput``."""
     r = cfg.actor_rollout_ref.rollout
-    seed = int(r.get("seed") if r.get("seed") is not None else cfg.trainer.seed)
+    seed = int(r.seed if r.seed is not None else cfg.trainer.seed)
     if r.name != "vllm":
         from dapo.rollout.hf import HFRollout
 

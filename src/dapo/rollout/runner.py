@@ -34,8 +34,8 @@ class RolloutRunner:
     ):
         r = cfg.actor_rollout_ref.rollout
         self.rollout_cfg = r
-        self.prompt_width = int(r.prompt_length or cfg.data.max_prompt_length)
-        self.response_length = int(r.response_length or cfg.data.max_response_length)
+        self.prompt_width = int(r.prompt_length)  # resolved: data.max_prompt_length when null
+        self.response_length = int(r.response_length)
         self.policy = model
         eos = tokenizer.eos_token_id
         gen_eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None

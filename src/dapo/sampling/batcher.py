@@ -198,14 +198,12 @@ class DynamicBatcher:
 
     @staticmethod
     def from_config(cfg: Any) -> DynamicBatcher:
-        """From the run config: ``algorithm.filter_groups``, ``data.{train,gen}_batch_size``
-        (a null gen_batch_size is train_batch_size), ``rollout.n`` and ``trainer.seed``."""
-        from omegaconf import OmegaConf
-
+        """From the resolved, typed run config (``dapo.config.resolve``): ``algorithm.filter_groups``,
+        ``data.{train,gen}_batch_size``, ``rollout.n`` and ``trainer.seed``."""
         return DynamicBatcher(
-            OmegaConf.to_object(cfg.algorithm.filter_groups),
+            cfg.algorithm.filter_groups,
             cfg.data.train_batch_size,
-            int(cfg.data.gen_batch_size or cfg.data.train_batch_size),
+            int(cfg.data.gen_batch_size),
             cfg.actor_rollout_ref.rollout.n,
             seed=int(cfg.trainer.seed),
         )

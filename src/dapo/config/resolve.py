@@ -1,0 +1,136 @@
+"""Every "null means X" rule of the configuration, applied in one place.
+
+``resolve(cfg)`` returns a copy in which each key the run derives from another key holds the
+value the run will use, so ``dapo validate`` prints it and the code reads it without
+fallbacks. The rules (verl's, unless marked ours):
+
+* ``data.gen_batch_size``: null -> ``data.train_batch_size`` (the DAPO recipe)
+* ``data.val_batch_size``: null -> 256 prompts per validation generation (ours)
+* ``data.seed``: null -> ``trainer.seed`` (ours: one seed for everything)
+* ``rollout.prompt_length`` / ``rollout.response_length``: null -> ``data.max_prompt_length`` /
+  ``data.max_response_length`` (verl interpolates them)
+* ``model.tokenizer_path``: null -> ``model.path`` (when a model path is given)
+* ``actor.clip_ratio_low`` / ``clip_ratio_high``: null -> ``actor.clip_ratio``
+* ``actor.ppo_micro_batch_size_per_gpu``: null -> the deprecated global ``ppo_micro_batch_size``
+  divided by the data-parallel size (``trainer.nnodes x trainer.n_gpus_per_node``), else
+  one micro-batch per mini-batch (``ppo_mini_batch_size x rollout.n``; only reachable with
+  ``use_dynamic_bsz``, where it sizes nothing but the log-prob fallback below)
+* ``rollout.log_prob_micro_batch_size_per_gpu``: null -> ``rollout.log_prob_micro_batch_size``
+  divided by the data-parallel size, else the actor's per-rank micro-batch size
+* ``rollout.log_prob_use_dynamic_bsz``: also true when ``actor.use_dynamic_bsz`` is (verl
+  interpolates it from the actor)
+* ``ref.log_prob_*``: the reference pass uses the rollout's log-prob settings
+* ``reward_model.scoring.num_workers``: null -> one per core, at most 4 (ours)
+* ``trainer.total_training_steps``: null -> ``len(train data) // data.train_batch_size x
+  trainer.total_epochs`` (at least one step per epoch), once the size of the data is known
+* ``optim.lr_warmup_steps``: -1 -> ``int(optim.lr_warmup_steps_ratio x total steps)``;
+  ``optim.total_training_steps``: -1 -> ``trainer.total_training_steps``
+
+Nulls that mean "none" (no checkpoint limit, no dump directory, the built-in task or model,
+which are written on first use) stay null.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+VAL_BATCH_SIZE = 256
+
+
+def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
+    """A copy of ``cfg`` with every derived key filled in; idempotent.
+
+    ``num_train_rows`` (the training prompts after loading) fixes ``trainer.total_training_steps``
+    when it is null; without it the step count stays null until the data is read."""
+    cfg = copy.deepcopy(cfg)
+    readonly = isinstance(cfg, DictConfig) and OmegaConf.is_readonly(cfg)
+    if readonly:
+        OmegaConf.set_readonly(cfg, False)
+    d, arr, tr = cfg.data, cfg.actor_rollout_ref, cfg.trainer
+    a, r, m = arr.actor, arr.rollout, arr.model
+
+    if d.gen_batch_size is None:
+        d.gen_batch_size = d.train_batch_size
+    if d.val_batch_size is None:
+        d.val_batch_size = VAL_BATCH_SIZE
+    if d.seed is None:
+        d.seed = tr.seed
+    if r.prompt_length is None:
+        r.prompt_length = d.max_prompt_length
+    if r.response_length is None:
+        r.response_length = d.max_response_length
+    if m.tokenizer_path is None and m.path is not None:
+        m.tokenizer_path = m.path
+
+    if a.clip_ratio_low is None:
+        a.clip_ratio_low = a.clip_ratio
+    if a.clip_ratio_high is None:
+        a.clip_ratio_high = a.clip_ratio
+    dp = int(tr.nnodes) * int(tr.n_gpus_per_node)
+    if a.ppo_micro_batch_size_per_gpu is None:
+        a.ppo_micro_batch_size_per_gpu = (
+            max(1, a.ppo_micro_batch_size // dp) if a.ppo_micro_batch_size else a.ppo_mini_batch_size * r.n
+        )
+    a.ppo_micro_batch_size = None
+    if r.log_prob_micro_batch_size_per_gpu is None:
+        r.log_prob_micro_batch_size_per_gpu = (
+            max(1, r.log_prob_micro_batch_size // dp)
+            if r.log_prob_micro_batch_size
+            else a.ppo_micro_batch_size_per_gpu
+        )
+    r.log_prob_micro_batch_size = None
+    r.log_prob_use_dynamic_bsz = bool(r.log_prob_use_dynamic_bsz or a.use_dynamic_bsz)
+    ref = arr.ref
+    ref.log_prob_micro_batch_size = None
+    ref.log_prob_micro_batch_size_per_gpu = r.log_prob_micro_batch_size_per_gpu
+    ref.log_prob_use_dynamic_bsz = r.log_prob_use_dynamic_bsz
+    ref.log_prob_max_token_len_per_gpu = r.log_prob_max_token_len_per_gpu
+
+    if cfg.reward_model.scoring.num_workers is None:
+        cfg.reward_model.scoring.num_workers = default_scoring_workers()
+    if tr.total_training_steps is None and num_train_rows is not None:
+        steps_per_epoch = max(1, num_train_rows // d.train_batch_size)
+        tr.total_training_steps = steps_per_epoch * tr.total_epochs
+    o = a.optim
+    if tr.total_training_steps is not None:
+        if o.lr_warmup_steps < 0:
+            o.lr_warmup_steps = int(o.lr_warmup_steps_ratio * tr.total_training_steps)
+        if o.total_training_steps < 0:
+            o.total_training_steps = tr.total_training_steps
+    if readonly:
+        OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def default_scoring_workers() -> int:
+    """Reward-scoring worker processes when ``reward_model.scoring.num_workers`` is null."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def typed(cfg: Any) -> Any:
+    """The config as the schema's dataclasses (``DapoConfig``): what the trainer holds once it is
+    resolved, so every key is a typed attribute."""
+    return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+
+
+def count_train_rows(cfg: Any) -> int | None:
+    """The number of training prompts, read from the parquet footers without loading the data;
+    None when it cannot be known before loading (the built-in task not written yet, prompts
+    that may be filtered for length, an unreadable file)."""
+    files = cfg.data.train_files
+    if files is None or cfg.data.filter_overlong_prompts:
+        return None
+    paths = [files] if isinstance(files, str) else list(files)
+    try:
+        import pyarrow.parquet as pq
+
+        rows = sum(pq.ParquetFile(Path(str(p)).expanduser()).metadata.num_rows for p in paths)
+    except Exception:
+        return None
+    cap = cfg.data.train_max_samples
+    return min(rows, cap) if cap is not None and cap > 0 else rows
