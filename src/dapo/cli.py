@@ -49,10 +49,8 @@ def _console():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dapo.trainer import Trainer
-
-    # soft_wrap: one line per step in logs too (a non-terminal console is 80 columns wide)
     from dapo.progress import logging_through
+    from dapo.trainer import Trainer
 
     console = _console()
     cfg = _load(args)
