@@ -112,3 +112,21 @@ def test_log_records_print_through_the_console_while_the_bar_is_live(capsys):
     finally:
         root.removeHandler(plain)
     assert printed == ["pool is empty"]
+
+
+def test_third_party_bars_are_off_unless_asked_for(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    from dapo.progress import THIRD_PARTY_BARS_ENV, quiet_third_party_bars
+
+    try:
+        hf_logging.enable_progress_bar()
+        monkeypatch.setenv(THIRD_PARTY_BARS_ENV, "1")
+        quiet_third_party_bars()
+        assert hf_logging.is_progress_bar_enabled()
+        monkeypatch.delenv(THIRD_PARTY_BARS_ENV)
+        monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+        quiet_third_party_bars()
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

@@ -112,7 +112,8 @@ def test_view_opens_the_demo_runs_rollouts(tmp_path):
 
     run_dir = tmp_path / "run"
     args = ["train", f"trainer.default_local_dir={run_dir}", *DEMO, "trainer.total_training_steps=1"]
-    assert main([*args, "trainer.val_before_train=false", "trainer.logger=[jsonl]"]) == 0
+    quiet = ["trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.save_final_model=false"]
+    assert main([*args, *quiet]) == 0
     assert (run_dir / "rollout_dumps" / "1.jsonl").is_file()
 
     async def run():
