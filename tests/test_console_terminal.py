@@ -91,14 +91,15 @@ def test_step_lines_sit_above_the_bar_and_fit_the_terminal(captures, width):
     )
     assert "done in" in text
     bars = [x for x in lines if BAR in x]
-    assert bars, text
+    # one bar, redrawn in place: a line printed into the bar's place leaves a stale copy behind
+    assert len(bars) == 1, text
     for x in bars:  # the bar line holds the bar alone: nothing of a step line is glued to it
         assert x.startswith("train ") and "step " not in x and " | " not in x and "acc(" not in x, x
     # transformers' own bars ("Loading weights", "Writing model shards") are off
     assert "Loading weights" not in text and "Writing model shards" not in text and "it/s" not in text
     for a, b in zip(lines, lines[1:]):
         # a line that fills the terminal and runs on into the next one split a word there
-        assert not (len(a) >= width and a[-1].isalnum() and b[:1].isalnum()), (a, b)
+        assert not (len(a) >= width and not a[-1].isspace() and b[:1].strip()), (a, b)
     # step lines break between fields before the last column; a wide terminal keeps each on one
     step1 = next(i for i, x in enumerate(lines) if x.startswith("step 1 | rounds"))
     assert ("time " in lines[step1]) == (width >= 200), lines[step1 : step1 + 3]
