@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dapo.tracking import (
+    LEGEND,
     ConsoleTracker,
     JsonlTracker,
     TrackerUnavailable,
@@ -38,7 +39,13 @@ def test_jsonl_and_console_unchanged(tmp_path):
     lines = []
     c = ConsoleTracker(lines.append)
     c.log({"train/num_gen_batches": 2.0, "actor/pg_loss": 0.5, "val-core/x/acc/mean@2": 0.25}, 3)
-    assert lines == ["step 3 | rounds 2 | pg_loss +0.5000", "  val-core/x/acc/mean@2 = 0.2500"]
+    assert lines[: len(LEGEND)] == list(LEGEND)
+    assert lines[len(LEGEND) :] == [
+        "step 3 | rounds 2 | pg_loss +0.5000",
+        "  validation x: accuracy 0.250 (mean of 2)",
+    ]
+    c.log({"train/num_gen_batches": 1.0}, 4)  # the legend is said once
+    assert lines[-1] == "step 4 | rounds 1" and lines.count(LEGEND[0]) == 1
 
 
 def test_unknown_tracker_is_named(tmp_path):

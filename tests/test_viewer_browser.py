@@ -181,11 +181,11 @@ def test_sort_by_score(tmp_path):
         await pilot.press("n")
         await settle()
         assert where(app) == (2, 1)
-        # the sample list shows the scores in the sorted order
+        # the sample list shows the scores and the start of each response in the sorted order
         ol = app.query_one("#samples")
         assert [str(ol.get_option_at_index(i).prompt) for i in range(ol.option_count)] == [
-            "#1  score +0",
-            "#0  score +1",
+            "#1  score +0  zeta apple",
+            "#0  score +1  eps",
         ]
 
     drive(path, script)
@@ -225,6 +225,30 @@ def test_search_highlights_and_finds_next_across_steps(tmp_path):
         assert "input:" not in app.rendered_text and "output:" in app.rendered_text
 
     drive(path, script)
+
+
+def test_sample_list_shows_score_and_preview_without_sorting(tmp_path):
+    path = write_dumps(tmp_path / "r")
+
+    async def script(app, pilot, settle):
+        ol = app.query_one("#samples")
+        labels = [str(ol.get_option_at_index(i).prompt) for i in range(ol.option_count)]
+        assert labels == [
+            "#0  score +0.5  alpha apple",
+            "#1  score -1  beta banana",
+            "#2  score +1  gamma apple",
+            "#3  score -  delta",
+        ]
+
+    drive(path, script)
+
+
+def test_row_preview_is_one_short_line():
+    from dapo.viewer.dumps import row_preview
+
+    assert row_preview({"output": "Answer:\n  42\tok"}) == "Answer: 42 ok"
+    assert row_preview({"output": "x" * 30}, width=10) == "x" * 9 + "…"
+    assert row_preview({"input": "no response"}) == ""
 
 
 def test_render_switch_and_paging_keys(tmp_path):

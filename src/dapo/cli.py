@@ -77,21 +77,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _console():
+    """The console a run prints to: on a terminal, long lines wrap between words at its width;
+    elsewhere (a log file, a pipe) every line stays one line."""
     from rich.console import Console
 
+    console = Console(highlight=False)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dapo.progress import logging_through
     from dapo.trainer import Trainer
 
-    # soft_wrap: one line per step in logs too (a non-terminal console is 80 columns wide)
-    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    console = _console()
     _, cfg = _load(args)
-    trainer = Trainer(cfg, printer=console.print)
-    summary = trainer.fit()
+    with logging_through(console):
+        trainer = Trainer(cfg, printer=console.print, console=console)
+        summary = trainer.fit()
     before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
     if summary.get("stopped"):
         console.print(f"stopped at step {summary['steps']}; run the same command again to resume")
         return 0
-    console.print(f"[bold]done[/bold] in {summary['wall_time_s']:.0f}s, {summary['steps']} steps")
+    if summary["steps_run"] > 0 and summary["updates"] == 0:
+        console.print(
+            f"[bold red]nothing was trained[/bold red]: {summary['steps_run']} steps ran and none made a "
+            "policy update (every step's batch was empty: see the 'no update' lines above). Check that "
+            "the model can ever answer right (dynamic sampling drops groups that are all wrong), add "
+            "data, or set algorithm.filter_groups.enable=false"
+        )
+        console.print(f"run directory: {summary['run_dir']}")
+        return 1
+    console.print(
+        f"[bold]done[/bold] in {summary['wall_time_s']:.0f} seconds at step {summary['steps']}: "
+        f"{summary['updates']} policy updates in the {summary['steps_run']} steps this run made"
+    )
     if before is not None and after is not None:
         console.print(
             f"held-out accuracy: {before:.3f} -> {after:.3f} ({(after - before) * 100:+.1f} points)"
@@ -102,8 +123,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Validation alone on a model directory (or a checkpoint's model), printing val-core metrics."""
-    from rich.console import Console
-
     from dapo.trainer import Trainer
 
     overrides = list(args.overrides)
@@ -119,8 +138,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     overrides += ["trainer.val_only=true", "trainer.logger=[console]", "trainer.resume_mode=disable"]
     args.overrides = overrides
     _, cfg = _load(args, warn=False)
-    console = Console(highlight=False, soft_wrap=True)
-    trainer = Trainer(cfg, printer=console.print)
+    console = _console()
+    trainer = Trainer(cfg, printer=console.print, console=console)
     metrics = trainer.validate()
     for k in sorted(metrics):
         if k.startswith("val-core/") or k == "val/acc":

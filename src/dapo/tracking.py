@@ -1,6 +1,7 @@
 """Trackers: where per-step metrics go (``trainer.logger``, a list).
 
-* ``console``: a compact line per step (the live progress bar is :mod:`dapo.progress`).
+* ``console``: a legend once, then a line per step and readable validation lines (the live
+  progress bar is :mod:`dapo.progress`).
 * ``jsonl``: ``<run_dir>/metrics.jsonl``, one object per step.
 * ``tensorboard``: event files under ``<run_dir>/tensorboard`` (extra ``dapo[tensorboard]``).
 * ``wandb``: offline unless ``WANDB_MODE`` says otherwise, files under ``<run_dir>/wandb``
@@ -86,39 +87,157 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-# The per-step console line: (metric, label, format)
+# The per-step console line: (metric, label, format); "groups" and "filtered" are built apart
 CONSOLE_FIELDS = (
     ("train/num_gen_batches", "rounds", "{:.0f}"),
     ("dynamic_sampling/kept_groups", "kept", "{:.0f}"),
-    ("dynamic_sampling/filtered_all_correct", "all-right", "{:.0f}"),
-    ("dynamic_sampling/filtered_all_wrong", "all-wrong", "{:.0f}"),
     ("dynamic_sampling/skipped_prompts", "skipped", "{:.0f}"),
+    ("train/acc_generated", "acc(all)", "{:.3f}"),
+    ("train/acc", "acc(kept)", "{:.3f}"),
     ("critic/score/mean", "score", "{:+.3f}"),
-    ("train/acc", "acc", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
     ("actor/pg_loss", "pg_loss", "{:+.4f}"),
     ("actor/entropy", "entropy", "{:.3f}"),
-    ("timing_s/step", "s", "{:.1f}"),
+    ("timing_s/step", "time", "{:.1f} s"),
+)
+
+# printed once, before the first step line; every line fits an 80-column terminal
+LEGEND = (
+    "each step line:",
+    "  rounds     generation rounds (up to data.gen_batch_size prompts in each)",
+    "  groups     prompts trained on = new (kept this step) + carried (kept in an",
+    "             earlier step, waiting in the pool); their sum is the train batch",
+    "  kept       groups kept this step; those beyond the batch wait in the pool",
+    "  filtered   groups dropped: every response right / every response wrong",
+    "  skipped    prompts not rolled out: the prompt history marked them hopeless",
+    "  acc(all)   fraction right over ALL responses generated this step (compare",
+    "             this one with other trainers' accuracy)",
+    "  acc(kept)  fraction right over the trained groups only: filtering keeps the",
+    "             groups with a mix, so it differs from acc(all)",
+    "  score      mean reward of the trained responses (overlong penalty included)",
+    "  len        mean response length in tokens; time: seconds for the step",
+    "validation: accuracy is the mean over k samples per prompt; best / majority",
+    "  of k count a prompt right when any / the most common answer of k is right",
 )
 
 
-class ConsoleTracker:
-    """A compact line per step, plus every ``val-core`` metric when validation ran."""
+def _field_lines(fields: list[str], width: int | None, sep: str = " | ", indent: str = "    ") -> list[str]:
+    """``fields`` joined by ``sep`` into lines shorter than ``width`` (None: one line); a line
+    breaks only between fields, so no word is split by the terminal."""
+    if not width:
+        return [sep.join(fields)]
+    lines: list[str] = []
+    cur = ""
+    for f in fields:
+        if not cur:
+            cur = (indent if lines else "") + f
+        elif len(cur) + len(sep) + len(f) < width:
+            cur += sep + f
+        else:
+            lines.append(cur)
+            cur = indent + f
+    if cur:
+        lines.append(cur)
+    return lines
 
-    def __init__(self, printer: Any):
+
+def step_fields(step: int, metrics: Mapping[str, Any]) -> list[str]:
+    """The fields of the console's line for one training step (see ``LEGEND``)."""
+    parts = [f"step {step}"]
+    have = {k: v for k, v in metrics.items() if v is not None}
+    for key, label, fmt in CONSOLE_FIELDS:
+        if key == "dynamic_sampling/kept_groups" and "dynamic_sampling/trained_groups" in have:
+            trained = int(have["dynamic_sampling/trained_groups"])
+            carried = int(have.get("dynamic_sampling/carried_in", 0))
+            parts.append(f"groups {trained} = {trained - carried} new + {carried} carried")
+        if key == "dynamic_sampling/skipped_prompts":
+            if "dynamic_sampling/filtered_all_correct" in have:
+                right = int(have["dynamic_sampling/filtered_all_correct"])
+                wrong = int(have.get("dynamic_sampling/filtered_all_wrong", 0))
+                parts.append(f"filtered {right} right/{wrong} wrong")
+            if not have.get(key):
+                continue  # skipping prompts is off, or skipped none
+        if key in have:
+            parts.append(f"{label} {fmt.format(have[key])}")
+    return parts
+
+
+_VAR_NAMES = {"acc": "accuracy", "reward": "reward", "score": "score"}
+
+
+def _split_val_key(key: str) -> tuple[str, str, str] | None:
+    """``val-core/<data source>/<variable>/<metric>`` -> (source, variable, metric); a source may
+    contain ``/`` and a metric is ``mean@N`` or ``best@k/mean``."""
+    parts = key.split("/")[1:]
+    n_metric = 2 if len(parts) >= 4 and parts[-1] in ("mean", "std") and "@" in parts[-2] else 1
+    if len(parts) < n_metric + 2:
+        return None
+    return "/".join(parts[: -n_metric - 1]), parts[-n_metric - 1], "/".join(parts[-n_metric:])
+
+
+def validation_fields(metrics: Mapping[str, Any]) -> list[list[str]]:
+    """Readable console fields for the ``val-core/`` metrics, one list per data source:
+    ``accuracy 0.250 (mean of 4)``, ``best of 4 0.500``, ``majority of 4 0.312`` (bootstrap
+    standard deviations stay in the metrics)."""
+    by_source: dict[str, list[tuple[int, str]]] = {}
+    for k in sorted(metrics):
+        v = metrics[k]
+        if not k.startswith("val-core/") or v is None:
+            continue
+        split = _split_val_key(k)
+        if split is None:
+            by_source.setdefault("", []).append((9, f"{k} {v:.3f}"))
+            continue
+        source, var, metric = split
+        name, _, rest = metric.partition("@")
+        n, _, stat = rest.partition("/")
+        what = _VAR_NAMES.get(var, var)
+        if stat == "std":
+            continue
+        if name == "mean":
+            field = (0, f"{what} {v:.3f} (mean of {n})")
+        elif name in ("best", "maj", "worst"):
+            label = {"best": "best", "maj": "majority", "worst": "worst"}[name]
+            field = (1 if name == "best" else 2, f"{label} of {n} {v:.3f}")
+        else:
+            field = (9, f"{var} {metric} {v:.3f}")
+        by_source.setdefault(source, []).append(field)
+    out = []
+    for source, fields in by_source.items():
+        texts = [f for _, f in sorted(fields)]
+        out.append([f"validation{' ' + source if source else ''}: {texts[0]}", *texts[1:]])
+    return out
+
+
+class ConsoleTracker:
+    """A line per step (fields listed once in a legend) and readable validation lines. With a
+    ``width`` (a terminal's columns), lines break between fields to fit it."""
+
+    def __init__(self, printer: Any, width: Any = None):
         self.print = printer
+        self.width = width  # an int, or a callable giving the terminal's current width
+        self._legend_shown = False
+
+    def _width(self) -> int | None:
+        return self.width() if callable(self.width) else self.width
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        parts = [f"step {step}"]
-        for key, label, fmt in CONSOLE_FIELDS:
-            if key in metrics and metrics[key] is not None:
-                parts.append(f"{label} {fmt.format(metrics[key])}")
-        val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
-        if len(parts) == 1 and val:
-            parts.append("validation")
-        self.print(" | ".join(parts))
-        for k, v in sorted(val.items()):
-            self.print(f"  {k} = {v:.4f}")
+        width = self._width()
+        val = validation_fields(metrics)
+        if "train/num_gen_batches" in metrics or "actor/pg_loss" in metrics or not val:
+            if not self._legend_shown:
+                self._legend_shown = True
+                for line in LEGEND:
+                    self.print(line)
+            for line in _field_lines(step_fields(step, metrics), width):
+                self.print(line)
+            indent = "  "
+        else:
+            indent = ""
+            val = [[f"step {step} {fields[0]}", *fields[1:]] for fields in val]
+        for fields in val:
+            for line in _field_lines(fields, width - len(indent) if width else None):
+                self.print(indent + line)
 
     def close(self) -> None:
         pass
@@ -280,6 +399,7 @@ def build_trackers(
     run_dir: Path,
     printer: Any,
     *,
+    console_width: Any = None,
     project_name: str = "dapo",
     experiment_name: str | None = None,
     config: Any = None,
@@ -296,7 +416,7 @@ def build_trackers(
             continue
         seen.add(name)
         if name == "console":
-            out.append(ConsoleTracker(printer))
+            out.append(ConsoleTracker(printer, console_width))
         elif name == "jsonl":
             out.append(JsonlTracker(run_dir))
         elif name == "tensorboard":

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
 
 from dapo.actor.dp_actor import Actor, actor_settings_from_config
 from dapo.actor.old_log_prob import BYPASS, RECOMPUTE, old_log_prob_source
@@ -32,7 +33,7 @@ from dapo.algo.kl import get_kl_controller
 from dapo.algo.rollout_correction import apply_rollout_correction
 from dapo.batch import Batch
 from dapo.checkpoint import save_model_dir
-from dapo.config.load import ConfigError
+from dapo.config.load import ConfigError, to_yaml
 from dapo.config.resolve import resolve, typed
 from dapo.config.validate import validate
 from dapo.data.dataset import build_prompt_data
@@ -42,8 +43,9 @@ from dapo.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.model.loader import build_policy
 from dapo.optim import build_optimizer
 from dapo.profiling import Timer, actor_perf_metrics, device_peak_flops, profile_step
-from dapo.progress import StepProgress
+from dapo.progress import StepProgress, quiet_third_party_bars
 from dapo.reward.factory import build_reward_manager
+from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
 from dapo.sampling.batcher import DynamicBatcher, SampledStep
@@ -67,12 +69,16 @@ class TrainingError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: Any, printer: Callable[[str], None] = print):
+    def __init__(self, cfg: Any, printer: Callable[[str], None] = print, console: Console | None = None):
+        """``printer`` prints a line; ``console``, when given, is the rich console it prints to: the
+        progress bar then shares it (lines print above the bar) and lines fit its width."""
         problems = validate(cfg)
         if problems:
             raise ConfigError(problems)
-        self.cfg = cfg = typed(resolve(cfg))
-        self.print = printer
+        resolved = resolve(cfg)
+        self.cfg = cfg = typed(resolved)
+        self.print, self.console = printer, console
+        quiet_third_party_bars()
         # the reward pool forks after the tokenizer has run; its Rust threads must not be in use then
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         tr = cfg.trainer
@@ -81,17 +87,24 @@ class Trainer:
         set_seed(int(tr.seed))
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # the resolved configuration of this run (of its latest start, for a resumed run)
+        (self.run_dir / "config.yaml").write_text(to_yaml(resolved))
         self.model_path, self.tokenizer, self.model, self.device = build_policy(cfg, self.print)
         self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print, model_path=self.model_path)
         self.train_rows, self.val_rows, self.sampler = build_prompt_data(
             cfg, self.tokenizer, self.rollout.prompt_width, self.print
         )
         self.reward_fn = build_reward_manager(cfg, self.tokenizer)
+        if not cfg.custom_reward_function.path:
+            for line in scorer_notes({r.data_source for r in self.train_rows + self.val_rows}):
+                self.print(line)
         self._setup_algorithm()
         self.trackers = build_trackers(
             list(tr.logger),
             self.run_dir,
             self.print,
+            # a terminal's lines break between fields at its width; a log file gets one line a step
+            console_width=(lambda: console.width) if console is not None and console.is_terminal else None,
             project_name=tr.project_name,
             experiment_name=tr.experiment_name,
             config=self.cfg,
@@ -100,6 +113,7 @@ class Trainer:
 
         self.group_recorder = GroupRecorder.from_config(self.run_dir, self.cfg)
         self.global_step = 0
+        self.steps_run = self.updates = 0  # by this invocation (a resumed run counts from its resume)
         self.timer = Timer()
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
         self.prefetcher = Prefetcher(bool(cfg.algorithm.filter_groups.prefetch))
@@ -159,13 +173,21 @@ class Trainer:
         if tr.val_only:
             return self._finish(before, before, t_start)
         last_val = before
+        if tr.test_freq <= 0 and self.val_rows and self.global_step < self.total_training_steps:
+            self.print(
+                f"note: trainer.test_freq={tr.test_freq} turns periodic validation off; validation still runs "
+                "once after the last step, so summary.json has a final accuracy (verl would skip it)"
+            )
         with (
             GracefulStop(self.print) as stop,
-            StepProgress(self.total_training_steps, enabled="console" in tr.logger) as progress,
+            StepProgress(
+                self.total_training_steps, enabled="console" in tr.logger, console=self.console
+            ) as progress,
         ):
             progress.advance_to(self.global_step)
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
+                self.steps_run += 1
                 with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
                     metrics = self._train_step(progress)
                 mt = self.rollout.multi_turn
@@ -228,6 +250,7 @@ class Trainer:
                 with self.timer("update_actor"):
                     metrics.update(self.actor.update_policy(batch))
                 self.scheduler.step()
+                self.updates += 1
             finally:
                 # the step ends when its prefetch does: validation, checkpoints and dumps then see
                 # a quiet trainer, and the step's time includes any generation the update did not hide
@@ -361,6 +384,9 @@ class Trainer:
             model_path=self.model_path,
             final_model=str(model_dir) if model_dir else None,
             steps=self.global_step,
+            # policy updates made by this invocation; 0 after steps ran means nothing was trained
+            steps_run=self.steps_run,
+            updates=self.updates,
             stopped=self.stopped,
             total_training_steps=self.total_training_steps,
             wall_time_s=round(time.time() - t_start, 1),

@@ -213,8 +213,18 @@ def build_prompt_data(
             **common,
         )
     sampler = PromptSampler(train_rows, seed=int(d.seed), shuffle=d.shuffle)
+    if cfg.trainer.val_only:  # `dapo eval`: the train set is not used, so its size says nothing
+        log(f"data: {len(val_rows)} validation prompts")
+        return train_rows, val_rows, sampler
     log(
         f"data: {len(train_rows)} train prompts, {len(val_rows)} validation prompts"
         + (f" ({stats['filtered_overlong']} over-long filtered)" if stats["filtered_overlong"] else "")
     )
+    if len(train_rows) < int(d.train_batch_size):
+        log(
+            f"warning: {len(train_rows)} train prompts is fewer than one batch "
+            f"(data.train_batch_size={d.train_batch_size}): each step repeats prompts, and with dynamic "
+            "sampling a batch may never fill (steps with no update). Add prompts, or lower "
+            "data.train_batch_size and data.gen_batch_size"
+        )
     return train_rows, val_rows, sampler

@@ -160,6 +160,13 @@ def _correct_values(b: Batch) -> list[float] | None:
     return None
 
 
+def _generated_acc(groups: list[dict[str, Any]]) -> float | None:
+    """Correct responses / all responses over the recorded groups (None when none is graded)."""
+    graded = [(g["mean"], g["n"]) for g in groups if g["mean"] is not None]
+    total = sum(n for _, n in graded)
+    return float(sum(m * n for m, n in graded) / total) if total else None
+
+
 def _response_tokens(b: Batch) -> float:
     if "response_mask" in b.tensors:
         return float(b.tensors["response_mask"].sum().item())
@@ -577,6 +584,11 @@ class DynamicBatcher:
             P + "kept_rate_estimate": self.kept_rate if self.kept_rate is not None else 0.0,
             P + "policy_version": self.version,
         }
+        acc = _generated_acc(st.groups)
+        if acc is not None:
+            # correct fraction over every response generated this step, kept or filtered (train/acc
+            # covers the trained groups only, which filtering leaves with a better mix)
+            m["train/acc_generated"] = acc
         if step.batch is not None and "staleness" in step.batch.non_tensors and len(step.batch):
             stl = np.asarray(step.batch.non_tensors["staleness"].tolist(), dtype=np.float64)
             m[P + "staleness_mean"] = float(stl.mean())

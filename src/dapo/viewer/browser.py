@@ -27,6 +27,8 @@ from dapo.viewer.dumps import (
     sort_order,
 )
 
+# a step with more rows lists them without score and preview until a sort by score is chosen
+PREVIEW_MAX_ROWS = 2048
 SORTS = (("original order", "original"), ("score ascending", "score_asc"), ("score descending", "score_desc"))
 MATCH_STYLE = "bold black on yellow"
 
@@ -50,7 +52,7 @@ def _app_class():
         #bar #dump { width: 22; }
         #search { width: 1fr; }
         #status { height: 1; padding: 0 1; background: $boost; }
-        #side { width: 30; }
+        #side { width: 44; }
         #samples { height: 1fr; border: round $primary-darken-2; }
         #fields { height: 14; border: round $primary-darken-2; }
         #content { border: round $primary; padding: 0 1; }
@@ -151,7 +153,9 @@ def _app_class():
             self.order = list(range(len(f)))
             self.cur = 0 if at == "first" else max(0, len(self.order) - 1)
             self.loading = False
-            if self.sort_mode != "original" or f.scores_ready:
+            # scores and previews for the sample list: every row is parsed once, so a very large
+            # step waits for a sort to ask for them
+            if self.sort_mode != "original" or f.scores_ready or len(f) <= PREVIEW_MAX_ROWS:
                 self._scores_worker(dump, pos, at)
             self._fill_samples()
             self.show()
@@ -177,12 +181,15 @@ def _app_class():
         def _fill_samples(self) -> None:
             f = self.dump.file(self.step)
             scores = f.scores() if f.scores_ready else None
+            previews = f.previews() if scores is not None else None
             opts = []
             for i in self.order:
                 label = f"#{i}"
-                if scores is not None:
+                if scores is not None and previews is not None:
                     s = scores[i]
                     label += "  score " + ("-" if s is None else f"{s:+.3g}")
+                    if previews[i]:
+                        label += "  " + previews[i]
                 opts.append(Option(label))
             ol = self.query_one("#samples", OptionList)
             with ol.prevent(OptionList.OptionHighlighted):

@@ -46,6 +46,7 @@ class DumpFile:
         self.step = step
         self._offsets: list[int] | None = None
         self._scores: list[float | None] | None = None
+        self._previews: list[str] | None = None
         self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.RLock()
@@ -106,10 +107,17 @@ class DumpFile:
         with self._lock:
             if self._scores is not None:
                 return self._scores
-        out = [row_score(self.row(i)) for i in range(len(self))]
+        rows = [self.row(i) for i in range(len(self))]
+        scores, previews = [row_score(r) for r in rows], [row_preview(r) for r in rows]
         with self._lock:
-            self._scores = out
-        return out
+            self._scores, self._previews = scores, previews
+        return scores
+
+    def previews(self) -> list[str]:
+        """A one-line start of every row's response (read with the scores)."""
+        self.scores()
+        assert self._previews is not None
+        return self._previews
 
     @property
     def scores_ready(self) -> bool:
@@ -124,6 +132,20 @@ def row_score(row: dict[str, Any]) -> float | None:
         if isinstance(v, int | float) and math.isfinite(v):
             return float(v)
     return None
+
+
+PREVIEW_KEYS = ("output", "response", "responses")
+
+
+def row_preview(row: dict[str, Any], width: int = 24) -> str:
+    """The start of the row's response on one line (whitespace collapsed), at most ``width``
+    characters; empty when the row has no response field."""
+    for k in PREVIEW_KEYS:
+        v = row.get(k)
+        if isinstance(v, str):
+            text = " ".join(v.split())
+            return text if len(text) <= width else text[: width - 1] + "…"
+    return ""
 
 
 def sort_order(scores: list[float | None], mode: str) -> list[int]:

@@ -20,7 +20,7 @@ Nothing here imports torch: worker processes import this module cheaply.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dapo.reward.scorers import countdown, gsm8k, math_dapo, math_equiv
@@ -70,6 +70,20 @@ def scorer_for(data_source: str) -> Callable[..., Any]:
         "To score other data, set custom_reward_function.path (a .py file) and custom_reward_function.name "
         "(a function taking data_source, solution_str, ground_truth, extra_info)."
     )
+
+
+def scorer_notes(data_sources: Iterable[str]) -> list[str]:
+    """One console line per grading rule of ours that a verl user would not expect, for the
+    built-in scorers these data sources route to (said once, before training)."""
+    notes = []
+    math_sources = sorted({str(ds) for ds in data_sources} & set(_MATH_EQUIV_SOURCES))
+    if math_sources:
+        notes.append(
+            f"note: data_source {', '.join(math_sources)} is graded by dapo's symbolic verifier, which "
+            "also accepts a last 'Answer: X' line when a response has no \\boxed{} (verl's math reward "
+            "scores that 0); docs/algorithms.md lists the differences"
+        )
+    return notes
 
 
 def is_inline_safe(data_source: str) -> bool:
