@@ -195,13 +195,14 @@ def test_unimplemented_keys_warn_by_name_or_are_refused():
     assert warnings[0].startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is accepted")
     assert warnings[1].startswith("trainer.log_val_generations=10 is accepted")
     assert validate(cfg) == []
-    refused = validate(
-        load_config(["algorithm.rollout_correction.bypass_mode=true", "reward_model.enable=true"])
-    )
+    refused = validate(load_config(["actor_rollout_ref.actor.strategy=megatron", "reward_model.enable=true"]))
     assert [p.split("=")[0] for p in refused] == [
-        "algorithm.rollout_correction.bypass_mode",
+        "actor_rollout_ref.actor.strategy",
         "reward_model.enable",
     ]
+    # implemented keys are not on the list: bypass_mode uses the sampler's log-probs as the old ones
+    assert "algorithm.rollout_correction.bypass_mode" not in UNIMPLEMENTED
+    assert validate(load_config(["algorithm.rollout_correction.bypass_mode=true"])) == []
     assert validate(load_config(["actor_rollout_ref.actor.strategy=fsdp2"])) == []
 
 

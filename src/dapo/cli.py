@@ -44,6 +44,16 @@ KEYS_HELP = (
 )
 
 
+def _fit_terminal(line: str, stream) -> str:
+    """On a terminal, ``line`` broken between words at its width; elsewhere unchanged."""
+    if not stream.isatty():
+        return line
+    import shutil
+    import textwrap
+
+    return textwrap.fill(line, width=shutil.get_terminal_size().columns - 1, subsequent_indent="  ")
+
+
 def _load(args: argparse.Namespace, warn: bool = True):
     """The validated, resolved config of a command line; every problem is reported at once."""
     from dapo.config.resolve import count_train_rows, resolve
@@ -56,7 +66,7 @@ def _load(args: argparse.Namespace, warn: bool = True):
         raise ConfigError(problems)
     if warn:
         for w in config_warnings(cfg):
-            print(f"note: {w}", file=sys.stderr)
+            print(_fit_terminal(f"note: {w}", sys.stderr), file=sys.stderr)
     return cfg, resolve(cfg, num_train_rows=count_train_rows(cfg))
 
 
