@@ -1,12 +1,16 @@
-"""Shared pieces of the resume tests: the reward (conftest's ``mod3_task`` fixture writes it),
-the small `dapo train` command line, and reading a run's metrics.jsonl (finished or still being
-written)."""
+"""Shared pieces of the resume and crash tests (and benchmarks/crash_suite.py): the reward
+(conftest's ``mod3_task`` fixture writes it), the small `dapo train` command line, reading a
+run's metrics.jsonl (finished or still being written), and killing a run at a chosen moment."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # a deterministic function of the response text that a random tiny model passes about a third
@@ -125,3 +129,48 @@ def subprocess_env() -> dict[str, str]:
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def latest_checkpoint(run_dir: Path) -> int:
+    """The step in latest_checkpointed_iteration.txt, 0 when there is none."""
+    try:
+        return int((Path(run_dir) / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def saving(run_dir: Path, pid: int) -> bool:
+    """True while process ``pid`` is writing a checkpoint (its hidden temporary directory exists)."""
+    return any(p.name.endswith(f".tmp-{pid}") for p in Path(run_dir).glob(".global_step_*"))
+
+
+def row_past_checkpoint(run_dir: Path) -> bool:
+    """True once a metrics row of a step after the latest checkpoint is on disk."""
+    return max((r["step"] for r in live_rows(run_dir)), default=0) > latest_checkpoint(run_dir)
+
+
+def kill_when(proc: subprocess.Popen, moment: Callable[[], bool], timeout: float = 300.0) -> bool:
+    """SIGKILL ``proc`` at the first poll where ``moment()`` holds, checked again with the
+    process frozen (SIGSTOP) so the kill lands while it still holds. False if the process
+    exited first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if moment():
+            proc.send_signal(signal.SIGSTOP)
+            if moment():
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return True
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.001)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+        raise TimeoutError(f"{proc.args} neither finished nor reached the kill moment in {timeout:.0f}s")
+    return False
+
+
+def assert_each_step_once(run_dir: Path, steps: int, name: str = "metrics.jsonl") -> None:
+    """Every line of ``name`` is a whole row, and the rows are of steps 1..steps, once each."""
+    got = [json.loads(line)["step"] for line in (Path(run_dir) / name).read_text().splitlines()]
+    assert got == list(range(1, steps + 1)), f"{name} holds steps {got}"

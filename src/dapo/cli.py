@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
 
@@ -41,17 +42,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from dapo.trainer import Trainer
+    from dapo import rundir
 
     # soft_wrap: one line per step in logs too (a non-terminal console is 80 columns wide)
     console = Console(stderr=False, highlight=False, soft_wrap=True)
     cfg = _load(args)
-    trainer = Trainer(cfg, printer=console.print)
-    summary = trainer.fit()
+    # one dapo train per run directory at a time; the kernel drops the lock when this process ends
+    with rundir.RunLock(rundir.run_dir_of(cfg)):
+        try:
+            summary = _train_locked(cfg, console)
+        except rundir.RunFinished as e:
+            console.print(str(e))
+            return 0
     before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
     if summary.get("stopped"):
         console.print(f"stopped at step {summary['steps']}; run the same command again to resume")
-        return 0
+        return 130 if summary.get("stopped_by") == "SIGINT" else 0
     console.print(f"[bold]done[/bold] in {summary['wall_time_s']:.0f}s, {summary['steps']} steps")
     if before is not None and after is not None:
         console.print(
@@ -59,6 +65,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     console.print(f"run directory: {summary['run_dir']}")
     return 0
+
+
+def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
+    from dapo import rundir
+    from dapo.checkpoint import list_checkpoints
+    from dapo.trainer import Trainer
+
+    tr = cfg.trainer
+    if not tr.val_only:
+        run_dir = rundir.run_dir_of(cfg)
+        has_ckpt = tr.resume_mode == "resume_path" or bool(list_checkpoints(run_dir, complete_only=False))
+        rundir.check_finished(run_dir, cfg, has_ckpt)
+        rundir.clear_finished(run_dir)
+    summary = Trainer(cfg, printer=console.print).fit()
+    if not tr.val_only and not summary.get("stopped") and summary["steps"] >= summary["total_training_steps"]:
+        rundir.mark_finished(rundir.run_dir_of(cfg), cfg, summary["steps"])
+    return summary
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -149,9 +172,18 @@ def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dapo.signals import guarded_console
+
+    # a closed pipe or terminal on stdout/stderr never kills a command (dapo train then saves and stops)
+    with guarded_console():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     import logging
 
     from dapo.checkpoint import CheckpointError
+    from dapo.rundir import RunDirError
     from dapo.tracking import TrackerUnavailable
     from dapo.trainer import TrainingError
 
@@ -163,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
-    except (TrackerUnavailable, CheckpointError, TrainingError) as e:
+    except (TrackerUnavailable, CheckpointError, TrainingError, RunDirError) as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -301,6 +301,9 @@ class TrainerConfig:
     test_freq: int = -1
     resume_mode: str = "auto"
     resume_from_path: str | None = None
+    # ours: resume even when the checkpoint was trained with a config that differs in a key that
+    # changes training (the keys are named either way)
+    resume_allow_config_change: bool = False
     val_before_train: bool = True
     val_only: bool = False
     critic_warmup: int = 0
