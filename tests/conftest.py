@@ -17,36 +17,15 @@ def char_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
     """A randomly initialised tiny Qwen2 + char tokenizer saved as a Hugging Face directory."""
-    from transformers import Qwen2ForCausalLM
+    from runs import write_tiny_random_model
 
-    from dapo.model.tiny import tiny_config
-
-    torch.manual_seed(0)
-    tok = char_tokenizer
-    cfg = tiny_config(
-        len(tok),
-        tok.pad_token_id,
-        tok.eos_token_id,
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-    )
-    model = Qwen2ForCausalLM(cfg)
-    out = tmp_path_factory.mktemp("tiny_random")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return write_tiny_random_model(tmp_path_factory.mktemp("tiny_random"), char_tokenizer)
 
 
 @pytest.fixture(scope="module")
 def mod3_task(tmp_path_factory):
     """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward
     (tests/runs.py); the resume tests run on it."""
-    from dapo.data.builtin import write_task
-    from runs import MOD3_REWARD
+    from runs import write_mod3_task
 
-    d = tmp_path_factory.mktemp("resume_task")
-    train, test = write_task(d / "data", train_size=64, test_size=8)
-    reward = d / "reward.py"
-    reward.write_text(MOD3_REWARD)
-    return train, test, reward
+    return write_mod3_task(tmp_path_factory.mktemp("resume_task"))

@@ -21,6 +21,41 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return {"score": 1.0 if acc else 0.0, "acc": acc}
 """
 
+
+def write_tiny_random_model(out: Path, tokenizer=None) -> Path:
+    """A randomly initialised tiny Qwen2 (seed 0) + char tokenizer saved as a Hugging Face directory."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from dapo.model.tiny import tiny_config
+    from dapo.model.tokenizer import build_char_tokenizer
+
+    tok = tokenizer or build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = tiny_config(
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return Path(out)
+
+
+def write_mod3_task(d: Path) -> tuple[Path, Path, Path]:
+    """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward."""
+    from dapo.data.builtin import write_task
+
+    train, test = write_task(Path(d) / "data", train_size=64, test_size=8)
+    reward = Path(d) / "reward.py"
+    reward.write_text(MOD3_REWARD)
+    return train, test, reward
+
+
 # metrics that measure wall time or memory, which no two runs share
 VOLATILE = re.compile(r"^timing_|^perf/(?!total_num_tokens)|time|memory|throughput|mfu")
 
