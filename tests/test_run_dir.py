@@ -221,14 +221,12 @@ def test_keys_that_do_not_change_training_may_differ_on_resume(
     assert (tmp_path / "dumps" / "3.jsonl").exists()
 
 
-def test_resume_allow_config_change_is_validated(tmp_path, capsys):
-    assert (
-        main(
-            ["validate", f"trainer.default_local_dir={tmp_path}", "trainer.resume_allow_config_change=maybe"]
-        )
-        == 2
-    )
-    assert "trainer.resume_allow_config_change" in capsys.readouterr().err
+def test_resume_allow_config_change_is_a_validated_bool(capsys):
+    key = "trainer.resume_allow_config_change"
+    assert main(["validate", f"{key}=true"]) == 0
+    assert "resume_allow_config_change: true" in capsys.readouterr().out
+    assert main(["validate", f"{key}=maybe"]) == 2
+    assert f"{key}: Value 'maybe' is not a valid bool" in capsys.readouterr().err
 
 
 def test_config_differences_leave_out_the_free_keys():
