@@ -132,3 +132,31 @@ def test_a_closed_stdout_pipe_finishes_step_saves_and_resumes_exactly(
     assert "dapo: stdout was closed; finishing the current step, saving a checkpoint" in log
     assert "BrokenPipeError" not in log
     _assert_stopped_and_resumes_exactly(run, args, straight, log, "closed console")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "terminal"])
+def test_a_console_whose_reader_is_gone_swallows_writes_and_asks_for_a_stop(kind, monkeypatch):
+    """EPIPE (a pipe's reader exited) and EIO (a terminal hung up): print and rich's console go
+    on without an exception, the stream's descriptor then points at /dev/null, and a running
+    GracefulStop is asked to stop."""
+    import os
+    import pty
+
+    from rich.console import Console
+
+    from dapo.signals import CLOSED_CONSOLE, GracefulStop, GuardedStream
+
+    if kind == "pipe":
+        reader, writer = os.pipe()
+    else:
+        reader, writer = pty.openpty()
+    os.close(reader)  # the reader is gone
+    stream = GuardedStream(os.fdopen(writer, "w", buffering=1), "stdout")
+    monkeypatch.setattr(sys, "stdout", stream)
+    with GracefulStop(printer=None, signals=()) as stop:
+        print("step 1")  # the line-buffered write fails: EPIPE or EIO
+        Console(highlight=False).print("step 2")
+        print("step 3", flush=True)
+    assert stream.gone and stop.requested and stop.reason == CLOSED_CONSOLE
+    assert os.path.samestat(os.fstat(writer), os.stat(os.devnull))
+    stream.wrapped.flush()  # what the interpreter does at exit: no BrokenPipeError any more
