@@ -5,9 +5,9 @@ never killed.
     python benchmarks/crash_suite.py [--kills 20] [--steps 6] [--save-freq 2] [--seed 0] [--prefetch]
 
 A kill moment is drawn per attempt: a random delay after the start (uniform over a straight
-run's wall time), or the moment the attempt starts writing a checkpoint plus a random few
-milliseconds (counted as mid-save only when the checkpoint's temporary directory is still there
-after the kill). Trajectories (one run directory each, killed and resumed until it finishes) are
+run's wall time), or the moment the attempt starts writing one of its checkpoints (drawn from
+those it has left to write) plus a random few milliseconds (counted as mid-save only when the
+checkpoint's temporary directory is still there after the kill). Trajectories (one run directory each, killed and resumed until it finishes) are
 run until ``--kills`` kills have landed. Every finished trajectory must have final weights
 bitwise equal to the straight run's, metrics.jsonl and groups.jsonl with steps 1..N once each,
 the straight run's per-step metrics, and the straight run's summary validation. Prints one line
@@ -117,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             with (work / f"{run.name}.log").open("a") as log:
                 proc = subprocess.Popen(command(run), stdout=log, stderr=subprocess.STDOUT, env=env)
             start = time.monotonic()
-            if rng.random() < args.mid_save_share:
-                kind, lag = "mid-save", rng.uniform(0.0, 0.03)
+            # the checkpoints this attempt will write: every save_freq-th step after the latest, and the last
+            saves = sorted(
+                {s for s in range(before + 1, args.steps + 1) if s % args.save_freq == 0} | {args.steps}
+            )
+            if rng.random() < args.mid_save_share and before < args.steps:
+                kind, lag, target = "mid-save", rng.uniform(0.0, 0.03), rng.choice(saves)
                 seen: list[float] = []
 
-                def moment(proc=proc, lag=lag, seen=seen, run=run) -> bool:
-                    if not saving(run, proc.pid):
+                def moment(proc=proc, lag=lag, seen=seen, run=run, target=target) -> bool:
+                    if not saving(run, proc.pid, target):
                         return False
                     seen[:] = seen or [time.monotonic()]
                     return time.monotonic() - seen[0] >= lag

@@ -174,9 +174,11 @@ def latest_checkpoint(run_dir: Path) -> int:
         return 0
 
 
-def saving(run_dir: Path, pid: int) -> bool:
-    """True while process ``pid`` is writing a checkpoint (its hidden temporary directory exists)."""
-    return any(p.name.endswith(f".tmp-{pid}") for p in Path(run_dir).glob(".global_step_*"))
+def saving(run_dir: Path, pid: int, step: int | None = None) -> bool:
+    """True while process ``pid`` is writing a checkpoint (of ``step``, when given): its hidden
+    temporary directory exists."""
+    pattern = f".global_step_{step if step is not None else '*'}.tmp-{pid}"
+    return any(Path(run_dir).glob(pattern))
 
 
 def row_past_checkpoint(run_dir: Path) -> bool:
