@@ -60,11 +60,6 @@ def tiny_hd32_model_dir(tmp_path_factory, char_tokenizer):
 def mod3_task(tmp_path_factory):
     """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward
     (tests/runs.py); the resume tests run on it."""
-    from dapo.data.builtin import write_task
-    from runs import MOD3_REWARD
+    from runs import write_mod3_task
 
-    d = tmp_path_factory.mktemp("resume_task")
-    train, test = write_task(d / "data", train_size=64, test_size=8)
-    reward = d / "reward.py"
-    reward.write_text(MOD3_REWARD)
-    return train, test, reward
+    return write_mod3_task(tmp_path_factory.mktemp("resume_task"))

@@ -1,12 +1,16 @@
-"""Shared pieces of the resume tests: the reward (conftest's ``mod3_task`` fixture writes it),
-the small `dapo train` command line, and reading a run's metrics.jsonl (finished or still being
-written)."""
+"""Shared pieces of the resume and crash tests (and benchmarks/crash_suite.py): the reward
+(conftest's ``mod3_task`` fixture writes it), the small `dapo train` command line, reading a
+run's metrics.jsonl (finished or still being written), and killing a run at a chosen moment."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # a deterministic function of the response text that a random tiny model passes about a third
@@ -16,6 +20,41 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     acc = sum(map(ord, solution_str)) % 3 == 0
     return {"score": 1.0 if acc else 0.0, "acc": acc}
 """
+
+
+def write_tiny_random_model(out: Path, tokenizer=None) -> Path:
+    """A randomly initialised tiny Qwen2 (seed 0) + char tokenizer saved as a Hugging Face directory."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from dapo.model.tiny import tiny_config
+    from dapo.model.tokenizer import build_char_tokenizer
+
+    tok = tokenizer or build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = tiny_config(
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return Path(out)
+
+
+def write_mod3_task(d: Path) -> tuple[Path, Path, Path]:
+    """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward."""
+    from dapo.data.builtin import write_task
+
+    train, test = write_task(Path(d) / "data", train_size=64, test_size=8)
+    reward = Path(d) / "reward.py"
+    reward.write_text(MOD3_REWARD)
+    return train, test, reward
+
 
 # metrics that measure wall time or memory, which no two runs share
 VOLATILE = re.compile(r"^timing_|^perf/(?!total_num_tokens)|time|memory|throughput|mfu")
@@ -125,3 +164,50 @@ def subprocess_env() -> dict[str, str]:
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def latest_checkpoint(run_dir: Path) -> int:
+    """The step in latest_checkpointed_iteration.txt, 0 when there is none."""
+    try:
+        return int((Path(run_dir) / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def saving(run_dir: Path, pid: int, step: int | None = None) -> bool:
+    """True while process ``pid`` is writing a checkpoint (of ``step``, when given): its hidden
+    temporary directory exists."""
+    pattern = f".global_step_{step if step is not None else '*'}.tmp-{pid}"
+    return any(Path(run_dir).glob(pattern))
+
+
+def row_past_checkpoint(run_dir: Path) -> bool:
+    """True once a metrics row of a step after the latest checkpoint is on disk."""
+    return max((r["step"] for r in live_rows(run_dir)), default=0) > latest_checkpoint(run_dir)
+
+
+def kill_when(proc: subprocess.Popen, moment: Callable[[], bool], timeout: float = 300.0) -> bool:
+    """SIGKILL ``proc`` at the first poll where ``moment()`` holds, checked again with the
+    process frozen (SIGSTOP) so the kill lands while it still holds. False if the process
+    exited first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if moment():
+            proc.send_signal(signal.SIGSTOP)
+            if moment():
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return True
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.001)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+        raise TimeoutError(f"{proc.args} neither finished nor reached the kill moment in {timeout:.0f}s")
+    return False
+
+
+def assert_each_step_once(run_dir: Path, steps: int, name: str = "metrics.jsonl") -> None:
+    """Every line of ``name`` is a whole row, and the rows are of steps 1..steps, once each."""
+    got = [json.loads(line)["step"] for line in (Path(run_dir) / name).read_text().splitlines()]
+    assert got == list(range(1, steps + 1)), f"{name} holds steps {got}"

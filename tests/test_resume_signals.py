@@ -1,9 +1,12 @@
-"""Issue 5, stopping: SIGTERM (as a scheduler sends, or Ctrl-C's SIGINT) finishes the current step,
-saves a checkpoint (even with periodic saving off) and exits cleanly; running the same command
-again resumes and the run ends exactly as one that was never stopped."""
+"""Stopping: SIGTERM (as a scheduler sends), Ctrl-C's SIGINT, SIGHUP (a closed terminal) or a
+closed stdout pipe (`dapo train | head`) finish the current step, save a checkpoint (even with
+periodic saving off) and exit (0, or 130 after Ctrl-C); running the same command again resumes
+and the run ends exactly as one that was never stopped. While the run trains, a second
+`dapo train` into its directory is refused."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -13,7 +16,14 @@ import pytest
 import torch
 
 from dapo.cli import main
-from runs import live_rows, metrics_by_step, small_run_args, subprocess_env
+from runs import (
+    assert_each_step_once,
+    latest_checkpoint,
+    live_rows,
+    metrics_by_step,
+    small_run_args,
+    subprocess_env,
+)
 
 torch.set_num_threads(1)
 
@@ -32,41 +42,22 @@ def straight(tmp_path_factory, tiny_random_model_dir, mod3_task):
     return run
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_finishes_step_saves_and_resumes_exactly(
-    tmp_path, tiny_random_model_dir, mod3_task, straight, sig
-):
-    want = metrics_by_step(straight)
-
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "dapo.cli", *_args(run, tiny_random_model_dir, mod3_task)]
-    env = subprocess_env()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    deadline = time.monotonic() + 45
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if any(r["step"] >= 2 for r in live_rows(run)):
-                proc.send_signal(sig)
-                break
-            time.sleep(0.002)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, out[-3000:]
+def _assert_stopped_and_resumes_exactly(run, args, straight, out, reason):
     logged = [r["step"] for r in live_rows(run)]
-    assert 2 <= logged[-1] < STEPS, f"the run was not stopped early (steps {logged})\n{out[-3000:]}"
-    latest = run / "latest_checkpointed_iteration.txt"
-    assert latest.exists(), "a stop must save a checkpoint even with trainer.save_freq=-1\n" + out[-3000:]
-    assert int(latest.read_text()) == logged[-1], "the checkpoint is of the last finished step"
+    assert logged and 1 <= logged[-1] < STEPS, (
+        f"the run was not stopped early (steps {logged})\n{out[-3000:]}"
+    )
+    assert latest_checkpoint(run) == logged[-1], (
+        "a stop must save a checkpoint of the last finished step, even with trainer.save_freq=-1\n"
+        + out[-3000:]
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"] and summary["stopped_by"] == reason
     assert not (run / "final_model").exists()
 
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    got = metrics_by_step(run)
-    assert sorted(got) == list(range(1, STEPS + 1))
+    assert main(args) == 0  # the same command resumes
+    assert_each_step_once(run, STEPS)
+    got, want = metrics_by_step(run), metrics_by_step(straight)
     for step in got:
         assert got[step] == want[step], f"step {step} differs after a stop at step {logged[-1]}"
     from safetensors.torch import load_file
@@ -74,3 +65,98 @@ def test_signal_finishes_step_saves_and_resumes_exactly(
     a = load_file(str(straight / "final_model" / "model.safetensors"))
     b = load_file(str(run / "final_model" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130), (signal.SIGHUP, 0)], ids=["TERM", "INT", "HUP"]
+)
+def test_signal_finishes_step_saves_and_resumes_exactly(
+    tmp_path, tiny_random_model_dir, mod3_task, straight, sig, code, capsys
+):
+    run = tmp_path / "run"
+    args = _args(run, tiny_random_model_dir, mod3_task)
+    cmd = [sys.executable, "-m", "dapo.cli", *args]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env(), text=True
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(r["step"] >= 1 for r in live_rows(run)):
+                # a second dapo train into the same directory is refused at once, naming the holder
+                rows = (run / "metrics.jsonl").read_text()
+                capsys.readouterr()
+                assert main(args) == 2
+                err = capsys.readouterr().err
+                assert f"dapo: run directory {run} is in use by another dapo train (pid {proc.pid})" in err
+                assert (run / "metrics.jsonl").read_text().startswith(rows)
+                proc.send_signal(sig)
+                break
+            time.sleep(0.002)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, out[-3000:]
+    _assert_stopped_and_resumes_exactly(run, args, straight, out, signal.Signals(sig).name)
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_pipe_finishes_step_saves_and_resumes_exactly(
+    tmp_path, tiny_random_model_dir, mod3_task, straight
+):
+    """`dapo train ... | head -n 3`: the reader leaves after three lines."""
+    run = tmp_path / "run"
+    args = _args(run, tiny_random_model_dir, mod3_task)
+    err_log = tmp_path / "stderr.log"
+    with err_log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dapo.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=subprocess_env(),
+            text=True,
+        )
+        try:
+            head = [proc.stdout.readline() for _ in range(3)]
+            proc.stdout.close()
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    log = err_log.read_text()
+    assert proc.returncode == 0, "".join(head) + log[-3000:]
+    assert "dapo: stdout was closed; finishing the current step, saving a checkpoint" in log
+    assert "BrokenPipeError" not in log
+    _assert_stopped_and_resumes_exactly(run, args, straight, log, "closed console")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "terminal"])
+def test_a_console_whose_reader_is_gone_swallows_writes_and_asks_for_a_stop(kind, monkeypatch):
+    """EPIPE (a pipe's reader exited) and EIO (a terminal hung up): print and rich's console go
+    on without an exception, the stream's descriptor then points at /dev/null, and a running
+    GracefulStop is asked to stop."""
+    import os
+    import pty
+
+    from rich.console import Console
+
+    from dapo.signals import CLOSED_CONSOLE, GracefulStop, GuardedStream
+
+    if kind == "pipe":
+        reader, writer = os.pipe()
+    else:
+        reader, writer = pty.openpty()
+    os.close(reader)  # the reader is gone
+    stream = GuardedStream(os.fdopen(writer, "w", buffering=1), "stdout")
+    monkeypatch.setattr(sys, "stdout", stream)
+    with GracefulStop(printer=None, signals=()) as stop:
+        print("step 1")  # the line-buffered write fails: EPIPE or EIO
+        Console(highlight=False).print("step 2")
+        print("step 3", flush=True)
+    assert stream.gone and stop.requested and stop.reason == CLOSED_CONSOLE
+    assert os.path.samestat(os.fstat(writer), os.stat(os.devnull))
+    stream.wrapped.flush()  # what the interpreter does at exit: no BrokenPipeError any more

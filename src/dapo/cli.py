@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
 
@@ -98,18 +99,22 @@ def _console():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dapo import rundir
     from dapo.progress import logging_through
-    from dapo.trainer import Trainer
 
     console = _console()
     _, cfg = _load(args)
-    with logging_through(console):
-        trainer = Trainer(cfg, printer=console.print, console=console)
-        summary = trainer.fit()
+    # one dapo train per run directory at a time; the kernel drops the lock when this process ends
+    with rundir.RunLock(rundir.run_dir_of(cfg)), logging_through(console):
+        try:
+            summary = _train_locked(cfg, console)
+        except rundir.RunFinished as e:
+            console.print(str(e))
+            return 0
     before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
     if summary.get("stopped"):
         console.print(f"stopped at step {summary['steps']}; run the same command again to resume")
-        return 0
+        return 130 if summary.get("stopped_by") == "SIGINT" else 0
     if summary["steps_run"] > 0 and summary["updates"] == 0:
         console.print(
             f"[bold red]nothing was trained[/bold red]: {summary['steps_run']} steps ran and none made a "
@@ -129,6 +134,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     console.print(f"run directory: {summary['run_dir']}")
     return 0
+
+
+def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
+    from dapo import rundir
+    from dapo.checkpoint import list_checkpoints
+    from dapo.trainer import Trainer
+
+    tr = cfg.trainer
+    if not tr.val_only:
+        run_dir = rundir.run_dir_of(cfg)
+        has_ckpt = tr.resume_mode == "resume_path" or bool(list_checkpoints(run_dir, complete_only=False))
+        rundir.check_finished(run_dir, cfg, has_ckpt)
+        rundir.clear_finished(run_dir)
+    summary = Trainer(cfg, printer=console.print, console=console).fit()
+    if not tr.val_only and not summary.get("stopped") and summary["steps"] >= summary["total_training_steps"]:
+        rundir.mark_finished(rundir.run_dir_of(cfg), cfg, summary["steps"])
+    return summary
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -238,10 +260,19 @@ def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dapo.signals import guarded_console
+
+    # a closed pipe or terminal on stdout/stderr never kills a command (dapo train then saves and stops)
+    with guarded_console():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     import logging
 
     from dapo.checkpoint import CheckpointError
     from dapo.rollout.vllm_rollout import WeightSyncError
+    from dapo.rundir import RunDirError
     from dapo.tracking import TrackerUnavailable
     from dapo.trainer import TrainingError
 
@@ -253,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
-    except (TrackerUnavailable, CheckpointError, TrainingError, WeightSyncError) as e:
+    except (TrackerUnavailable, CheckpointError, TrainingError, WeightSyncError, RunDirError) as e:
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

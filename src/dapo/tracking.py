@@ -63,20 +63,29 @@ class Tracker(Protocol):
 
 
 class JsonlTracker:
-    """``metrics.jsonl`` in the run directory: one object per step with ``step`` and every metric."""
+    """``metrics.jsonl`` in the run directory: one object per step with ``step`` and every metric.
+
+    The file is opened at the first row (a resume first drops the rows logged after its
+    checkpoint, see :mod:`dapo.rundir`), and each row is on disk (fsynced) when ``log`` returns.
+    """
 
     def __init__(self, run_dir: Path, filename: str = "metrics.jsonl"):
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = self.path.open("a", encoding="utf-8")
+        self._f: Any = None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._f is None:
+            self._f = self.path.open("a", encoding="utf-8")
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         self._f.write(json.dumps(row, sort_keys=True) + "\n")
         self._f.flush()
+        os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 def _jsonable(v: Any) -> Any:
@@ -392,6 +401,14 @@ def _jsonable_tree(v: Any) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     return str(v)
+
+
+def replay(trackers: list[Tracker], metrics: dict[str, Any], step: int) -> None:
+    """Log a step's row again to every tracker but the console (a resume whose checkpoint was
+    saved just before the run was killed, before the row was written)."""
+    for t in trackers:
+        if not isinstance(t, ConsoleTracker):
+            t.log(metrics, step)
 
 
 def build_trackers(

@@ -117,7 +117,10 @@ class Trainer:
         self.timer = Timer()
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
         self.prefetcher = Prefetcher(bool(cfg.algorithm.filter_groups.prefetch))
-        self.stopped = False
+        self.stopped, self.stopped_by = False, None
+        # validation before training and the latest one: a checkpoint keeps them for the summary
+        self.validation: dict[str, dict[str, float]] = {"before": {}, "last": {}}
+        self.step_row: dict[str, Any] | None = None  # the metrics row of the step being saved
         resume_trainer(self)
 
     # ---------------------------------------------------------------- setup
@@ -162,7 +165,7 @@ class Trainer:
         t_start = time.time()
         self.print(f"run directory: {self.run_dir}")
         tr = self.cfg.trainer
-        before: dict[str, float] = {}
+        before = self.validation["before"]  # a resumed run's, from its checkpoint
         # a resumed run has validated before training already
         if (tr.val_before_train and self.global_step == 0) or tr.val_only:
             timer = Timer()
@@ -172,7 +175,8 @@ class Trainer:
                 self._log({**before, "timing_s/testing": timer.raw["testing"]}, step=self.global_step)
         if tr.val_only:
             return self._finish(before, before, t_start)
-        last_val = before
+        self.validation = {"before": before, "last": self.validation["last"] or before}
+        last_val = self.validation["last"]
         if tr.test_freq <= 0 and self.val_rows and self.global_step < self.total_training_steps:
             self.print(
                 f"note: trainer.test_freq={tr.test_freq} turns periodic validation off; validation still runs "
@@ -205,10 +209,14 @@ class Trainer:
                 # validation also runs after the last step, whatever test_freq, so the summary has it
                 if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
                     with timer("testing"):
-                        last_val = self.validate()
+                        last_val = self.validation["last"] = self.validate()
                     metrics.update(last_val)
                     metrics["timing_s/testing"] = timer.raw["testing"]
-                if stop.requested or (tr.save_freq > 0 and (is_last or self.global_step % tr.save_freq == 0)):
+                saved = stop.requested or (
+                    tr.save_freq > 0 and (is_last or self.global_step % tr.save_freq == 0)
+                )
+                if saved:
+                    self.step_row = dict(metrics)
                     with timer("save_checkpoint"):
                         save_trainer(self)
                     metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
@@ -216,8 +224,11 @@ class Trainer:
                 self._log(metrics, step=self.global_step)
                 self.group_recorder.step_done(self.global_step, is_last=is_last)
                 if stop.requested:
+                    if not saved:  # the stop came while the step was being logged (a closed console)
+                        self.step_row = dict(metrics)
+                        save_trainer(self)
                     break
-        self.stopped = stop.requested
+        self.stopped, self.stopped_by = stop.requested, stop.reason
         return self._finish(before, last_val, t_start)
 
     def _train_step(self, progress: StepProgress) -> dict[str, float]:
@@ -388,6 +399,7 @@ class Trainer:
             steps_run=self.steps_run,
             updates=self.updates,
             stopped=self.stopped,
+            stopped_by=self.stopped_by,
             total_training_steps=self.total_training_steps,
             wall_time_s=round(time.time() - t_start, 1),
         )

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from dapo.checkpoint import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
 from dapo.checkpoint_manifest import STATE_FILE, error_summary
+from dapo.rundir import RunDirError, check_resume_config, config_snapshot, has_row, reconcile_rows
+from dapo.tracking import replay
 
 if TYPE_CHECKING:
     from dapo.trainer import Trainer
@@ -25,6 +27,11 @@ def trainer_state(t: Trainer) -> dict[str, Any]:
         "rollout_generator": t.rollout.engine.generator,
         "rollout_device_generators": dict(t.rollout.engine._device_generators),
         "prefetched": t.prefetcher.state_dict(),
+        # what a resume checks its config against, puts in the summary, and logs again when the
+        # run was killed between this checkpoint and the step's metrics row
+        "config": config_snapshot(t.cfg),
+        "validation": t.validation,
+        "metrics_row": t.step_row,
     }
 
 
@@ -57,14 +64,23 @@ def resume_trainer(t: Trainer) -> None:
     def warn(msg: str) -> None:
         t.print(f"warning: {msg}")
 
+    loaded: dict[str, Any] = {}
     path = resume_checkpoint(
-        t.run_dir, tr.resume_mode, tr.resume_from_path, lambda p: _load_trainer(t, p, warn), warn=warn
+        t.run_dir,
+        tr.resume_mode,
+        tr.resume_from_path,
+        lambda p: loaded.update(row=_load_trainer(t, p, warn)),
+        warn=warn,
     )
     if path is not None:
         t.print(f"resumed from {path} (step {t.global_step})")
+    if not tr.val_only:
+        _reconcile_rows(t, t.global_step if path is not None else None, loaded.get("row"))
 
 
-def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> None:
+def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """Load ``path`` into ``t``; returns the metrics row the checkpoint keeps of its own step."""
+    tr = t.cfg.trainer
     st = load_checkpoint(
         path,
         t.model,
@@ -74,6 +90,16 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> None:
         warn=warn,
     )
     t.global_step = int(st["global_step"])
+    if not tr.val_only:
+        warning = check_resume_config(path, st.get("config"), t.cfg)
+        if warning:
+            t.print(warning)
+        if t.global_step > t.total_training_steps:
+            raise RunDirError(
+                f"{path} is step {t.global_step}, past the {t.total_training_steps} training steps this "
+                "command asks for; raise trainer.total_training_steps, or set trainer.default_local_dir "
+                "to a new directory"
+            )
     dcp_dir = path / "actor" / "dcp"
     if dcp_dir.exists():  # saved by worker ranks; loads at any world size
         if t.actor.world_size > 1:
@@ -96,3 +122,15 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> None:
         raise CheckpointError(
             f"{path / STATE_FILE}: does not fit this trainer ({error_summary(e)})"
         ) from None
+    t.validation = st.get("validation") or t.validation
+    return st.get("metrics_row")
+
+
+def _reconcile_rows(t: Trainer, step: int | None, saved_row: dict[str, Any] | None) -> None:
+    """Each step's rows exactly once: drop what was logged after the checkpoint, and log the
+    checkpoint's own step again if the run was killed before its row was written."""
+    note = reconcile_rows(t.run_dir, step)
+    if note:
+        t.print(note)
+    if step and saved_row is not None and not has_row(t.run_dir / "metrics.jsonl", step):
+        replay(t.trackers, saved_row, step)

@@ -478,6 +478,9 @@ class TrainerConfig:
     resume_mode: str = "auto"
     # the checkpoint to resume from with resume_mode=resume_path
     resume_from_path: str | None = None
+    # ours: resume even when the checkpoint was trained with a config that differs in a key that
+    # changes training (the keys are named either way)
+    resume_allow_config_change: bool = False
     # validate once before the first step
     val_before_train: bool = True
     # validate and stop (no training)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -152,6 +153,8 @@ class GroupRecorder:
             )
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the step's checkpoint
         except Exception as e:  # a plot record must never stop training
             log.warning("could not write %s for step %s: %s", self.path, step, e)
 
