@@ -12,6 +12,7 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,8 @@ class ActorSettings:
     log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
     use_remove_padding: bool = False
+    # ranks that split each packed sequence (Ulysses); > 1 only on a worker group
+    ulysses_sequence_parallel_size: int = 1
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
@@ -89,12 +92,15 @@ def compute_log_prob(
     use_dynamic_bsz: bool = False,
     max_token_len: int = 16384,
     use_remove_padding: bool = False,
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of ``responses`` under ``model``, in batch order.
 
     ``use_dynamic_bsz``: micro-batches of at most ``max_token_len`` tokens (balanced), results
-    put back in the batch's order; otherwise slices of ``micro_batch_size`` rows."""
-    forward = packed_response_logprobs if use_remove_padding else response_logprobs
+    put back in the batch's order; otherwise slices of ``micro_batch_size`` rows. ``forward``
+    replaces the forward ``use_remove_padding`` selects (the FSDP worker's packed / SP one)."""
+    if forward is None:
+        forward = packed_response_logprobs if use_remove_padding else response_logprobs
     was_training = model.training
     model.eval()
     try:
@@ -256,4 +262,5 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
         log_prob_use_dynamic_bsz=bool(getattr(r, "log_prob_use_dynamic_bsz", False)) or use_dyn,
         log_prob_max_token_len_per_gpu=int(getattr(r, "log_prob_max_token_len_per_gpu", 16384)),
         use_remove_padding=bool(getattr(model_cfg, "use_remove_padding", False)),
+        ulysses_sequence_parallel_size=int(getattr(a, "ulysses_sequence_parallel_size", 1) or 1),
     )
