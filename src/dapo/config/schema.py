@@ -150,6 +150,8 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
+    # verl interpolates it from the actor's; null here means the same (the ref shares the ranks)
+    ulysses_sequence_parallel_size: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 

@@ -250,6 +250,7 @@ def validate(cfg: Any) -> list[str]:
     )
     if tr.worker_backend == "process" and tr.nnodes > 1:
         p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
+    p.extend(_sequence_parallel_problems(cfg))
     return p
 
 
@@ -267,5 +268,71 @@ def _tool_config_problems(path: str) -> list[str]:
     return []
 
 
+def _sp_size(cfg: Any) -> int:
+    return int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size or 1)
+
+
 def _dp_size(cfg: Any) -> int:
-    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    """Data-parallel groups: all ranks over the Ulysses SP size (ranks of an SP group share rows)."""
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    sp = _sp_size(cfg)
+    return world // sp if sp >= 1 and world % sp == 0 else world
+
+
+def model_heads(model_path: str | None) -> tuple[int, int] | None:
+    """(num_attention_heads, num_key_value_heads) from a model directory's config.json (the
+    built-in tiny model's when ``model_path`` is None); None when it cannot be read."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    if model_path is None:
+        from dapo.model.tiny import tiny_config
+
+        params = inspect.signature(tiny_config).parameters
+        return int(params["num_attention_heads"].default), int(params["num_key_value_heads"].default)
+    f = Path(str(model_path)).expanduser() / "config.json"
+    try:
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    heads = c.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv = c.get("num_key_value_heads") or heads
+    return heads, int(kv)
+
+
+def _sequence_parallel_problems(cfg: Any) -> list[str]:
+    """verl's Ulysses rules, checked before any process starts."""
+    from dapo.distributed.ulysses import sp_problem
+
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    arr = cfg.actor_rollout_ref
+    sp = int(arr.actor.ulysses_sequence_parallel_size or 1)
+    ref_sp = getattr(arr.ref, "ulysses_sequence_parallel_size", None)
+    out = []
+    if ref_sp is not None and int(ref_sp) != sp:
+        out.append(
+            f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp}: the reference runs on the actor's "
+            f"ranks and must use the actor's SP size ({key}={sp}); remove it or set it to {sp}"
+        )
+    if sp < 1:
+        return [*out, f"{key}: must be >= 1, got {sp}"]
+    if sp == 1:
+        return out
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if world % sp:
+        out.append(
+            f"{key}={sp} must divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            "each group of that many ranks shares its rows"
+        )
+    if not arr.model.use_remove_padding:
+        out.append(f"{key}={sp} splits the packed sequence: set actor_rollout_ref.model.use_remove_padding=true")
+    heads = model_heads(arr.model.path)
+    if heads is not None:
+        why = sp_problem(heads[0], heads[1], sp)
+        if why:
+            out.append(f"{key}={sp}: {why}; choose an SP size that divides the attention heads")
+    return out
