@@ -129,7 +129,12 @@ def build_actor(
                 ray.init(address=address or "auto")
             local = False
         group = ray_group.RayWorkerGroup(
-            factory, dp, num_cpus_per_worker=1, num_gpus_per_worker=1 if cuda else 0, local=local
+            factory,
+            dp,
+            num_cpus_per_worker=1,
+            num_gpus_per_worker=1 if cuda else 0,
+            local=local,
+            nnodes=1 if local else nnodes,
         )
     else:
         if nnodes > 1:
