@@ -11,6 +11,7 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.actor.auto_budget import AutoBudget, AutoBudgetConfig, peak_growth
 from dapo.actor.forward import packed_response_logprobs, response_logprobs
 from dapo.actor.seqlen_balancing import fixed_micro_batches, rearrange_micro_batches, restore_order
 from dapo.algo.agg import agg_loss, compute_global_batch_info
@@ -59,6 +61,8 @@ class ActorSettings:
     use_remove_padding: bool = False
     # ranks that split each packed sequence (Ulysses); > 1 only on a worker group
     ulysses_sequence_parallel_size: int = 1
+    # token budgets chosen from measured memory (``...max_token_len_per_gpu=auto``)
+    auto_budget: AutoBudgetConfig | None = None
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
@@ -129,8 +133,69 @@ class Actor:
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
         self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
+        self.log: Callable[[str], None] = print
+        auto = settings.auto_budget
+        device = next(model.parameters()).device
+        self.auto_ppo = self.auto_log_prob = None
+        if auto is not None and auto.ppo:
+            self.auto_ppo = AutoBudget("ppo_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
+        if auto is not None and auto.log_prob:
+            self.auto_log_prob = AutoBudget("log_prob_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
+
+    # ------------------------------------------------------------------ auto token budgets
+    def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:
+        part = batch.select(np.asarray(rows))
+        ids, attn, width = _inputs(part)
+        need_entropy = self.s.calculate_entropy or self.s.entropy_coeff != 0
+        with torch.set_grad_enabled(grad):
+            lp, ent = self._forward(self.model, ids, attn, width, self.s.temperature, need_entropy and grad)
+            if grad:
+                loss = (lp * part.tensors["response_mask"]).sum()
+                (loss if ent is None else loss + ent.sum()).backward()
+        self.model.zero_grad(set_to_none=True)
+
+    def _optimizer_state_bytes(self) -> int:
+        """AdamW's two moments, when they do not exist yet (the probe cannot see them)."""
+        if self.optimizer.state:
+            return 0
+        return 2 * sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+    def ppo_budget(self, batch: Batch) -> int:
+        lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+        was = self.model.training
+        self.model.train()
+        try:
+            return self.auto_ppo.choose(
+                lengths, lambda rows: self._probe(batch, rows, True), self._optimizer_state_bytes()
+            )
+        finally:
+            self.model.train(was)
+
+    def log_prob_budget(self, batch: Batch) -> int:
+        """``log_prob_max_token_len_per_gpu`` for this batch's rows (the configured value unless auto)."""
+        if self.auto_log_prob is None:
+            return self.s.log_prob_max_token_len_per_gpu
+        lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+        was = self.model.training
+        self.model.eval()
+        try:
+            return self.auto_log_prob.choose(lengths, lambda rows: self._probe(batch, rows, False))
+        finally:
+            self.model.train(was)
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
+        if self.auto_ppo is None:
+            return self._update_policy(batch)
+        budget = self.ppo_budget(batch)
+        if budget != self.s.ppo_max_token_len_per_gpu:
+            self.s = dataclasses.replace(self.s, ppo_max_token_len_per_gpu=budget)
+        with peak_growth(next(self.model.parameters()).device, exact=False) as peak:
+            out = self._update_policy(batch)
+        self.auto_ppo.observe(peak[0])
+        out["actor/ppo_max_token_len"] = float(budget)
+        return out
+
+    def _update_policy(self, batch: Batch) -> dict[str, float]:
         s = self.s
         self.model.train()
         n_rows = len(batch)
@@ -257,10 +322,31 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
         kl_loss_type=a.kl_loss_type,
         log_prob_micro_batch_size=int(lp_micro),
         use_dynamic_bsz=use_dyn,
-        ppo_max_token_len_per_gpu=int(getattr(a, "ppo_max_token_len_per_gpu", 16384)),
+        ppo_max_token_len_per_gpu=_budget(a.ppo_max_token_len_per_gpu),
         # verl interpolates log_prob_use_dynamic_bsz from the actor's use_dynamic_bsz
         log_prob_use_dynamic_bsz=bool(getattr(r, "log_prob_use_dynamic_bsz", False)) or use_dyn,
-        log_prob_max_token_len_per_gpu=int(getattr(r, "log_prob_max_token_len_per_gpu", 16384)),
+        log_prob_max_token_len_per_gpu=_budget(r.log_prob_max_token_len_per_gpu),
         use_remove_padding=bool(getattr(model_cfg, "use_remove_padding", False)),
         ulysses_sequence_parallel_size=int(getattr(a, "ulysses_sequence_parallel_size", 1) or 1),
+        auto_budget=_auto_budget(cfg),
+    )
+
+
+AUTO = "auto"
+_AUTO_START = 16384  # the value an ``auto`` budget holds until the first probe
+
+
+def _budget(value: Any) -> int:
+    return _AUTO_START if str(value) == AUTO else int(value)
+
+
+def _auto_budget(cfg: Any) -> AutoBudgetConfig | None:
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    ppo, lp = str(a.ppo_max_token_len_per_gpu) == AUTO, str(r.log_prob_max_token_len_per_gpu) == AUTO
+    if not (ppo or lp):
+        return None
+    ab = cfg.trainer.auto_budget
+    limit = ab.memory_limit_gb
+    return AutoBudgetConfig(
+        ppo=ppo, log_prob=lp, memory_limit_gb=float(limit) if limit else None, margin=float(ab.margin)
     )

@@ -118,7 +118,8 @@ class ActorConfig:
     ppo_micro_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int | None = None
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
+    # a number of tokens, or auto (chosen from a measured probe: see trainer.auto_budget)
+    ppo_max_token_len_per_gpu: Any = 16384
     ppo_epochs: int = 1
     # ours: when the update is exactly on-policy, take the old log-probs from the update's own
     # forward (detached) instead of a separate pass (dapo.actor.old_log_prob); false: always recompute, as verl
@@ -149,7 +150,7 @@ class RefConfig:
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_max_token_len_per_gpu: Any = 16384  # or auto
     # verl interpolates it from the actor's; null here means the same (the ref shares the ranks)
     ulysses_sequence_parallel_size: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -193,7 +194,7 @@ class RolloutConfig:
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_max_token_len_per_gpu: Any = 16384  # or auto
     # verl's default is false; we always keep the sampler's log-probs (they cost nothing here)
     calculate_log_probs: bool = True
     tensor_model_parallel_size: int | None = None
@@ -288,6 +289,16 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class AutoBudgetConfig:
+    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized. ``memory_limit_gb``: what
+    the process may use (null: what the device / machine has free, the address-space limit or
+    the cgroup limit, whichever is smallest); ``margin``: the share of it kept free."""
+
+    memory_limit_gb: float | None = None
+    margin: float = 0.2
+
+
+@dataclass
 class TrainerConfig:
     total_epochs: int = 30
     total_training_steps: int | None = None
@@ -313,6 +324,7 @@ class TrainerConfig:
     # ours: where actor ranks run when nnodes x n_gpus_per_node > 1: auto (processes on one node,
     # Ray across nodes) | inprocess | process | ray
     worker_backend: str = "auto"
+    auto_budget: AutoBudgetConfig = field(default_factory=AutoBudgetConfig)
     # verl's default is cuda; dapo runs on CPU unless told otherwise
     device: str = "cpu"
     # ours: the seed of every RNG (model init, sampler, rollout) and torch's CPU thread count (0: all cores)

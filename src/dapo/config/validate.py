@@ -81,9 +81,11 @@ def validate(cfg: Any) -> list[str]:
                 )
     else:
         need(
-            actor.ppo_max_token_len_per_gpu >= 1,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: must be >= 1",
+            _budget_ok(actor.ppo_max_token_len_per_gpu),
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: must be >= 1 tokens or auto, got "
+            f"{actor.ppo_max_token_len_per_gpu!r}",
         )
+    p.extend(_auto_budget_problems(cfg))
     need(actor.ppo_epochs >= 1, f"actor_rollout_ref.actor.ppo_epochs: must be >= 1, got {actor.ppo_epochs}")
 
     # lengths
@@ -266,6 +268,38 @@ def _tool_config_problems(path: str) -> list[str]:
     except (OSError, yaml.YAMLError) as exc:
         return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
     return []
+
+
+def _budget_ok(value: Any) -> bool:
+    if str(value) == "auto":
+        return True
+    try:
+        return int(value) >= 1 and not isinstance(value, bool)
+    except (TypeError, ValueError):
+        return False
+
+
+def _auto_budget_problems(cfg: Any) -> list[str]:
+    arr, ab = cfg.actor_rollout_ref, cfg.trainer.auto_budget
+    out = []
+    dyn = bool(arr.actor.use_dynamic_bsz)
+    if str(arr.actor.ppo_max_token_len_per_gpu) == "auto" and not dyn:
+        out.append(
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto sizes token-budget micro-batches: "
+            "set actor_rollout_ref.actor.use_dynamic_bsz=true"
+        )
+    for sec in ("rollout", "ref"):
+        v = arr[sec].log_prob_max_token_len_per_gpu
+        key = f"actor_rollout_ref.{sec}.log_prob_max_token_len_per_gpu"
+        if not _budget_ok(v):
+            out.append(f"{key}: must be >= 1 tokens or auto, got {v!r}")
+        elif str(v) == "auto" and not (dyn or arr[sec].log_prob_use_dynamic_bsz):
+            out.append(f"{key}=auto sizes token-budget micro-batches: set actor_rollout_ref.{sec}.log_prob_use_dynamic_bsz=true")
+    if not 0 <= float(ab.margin) < 1:
+        out.append(f"trainer.auto_budget.margin: must be in [0, 1), got {ab.margin}")
+    if ab.memory_limit_gb is not None and float(ab.memory_limit_gb) <= 0:
+        out.append(f"trainer.auto_budget.memory_limit_gb: must be > 0 GB or null, got {ab.memory_limit_gb}")
+    return out
 
 
 def _sp_size(cfg: Any) -> int:

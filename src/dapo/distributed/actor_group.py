@@ -64,17 +64,23 @@ class LocalActor:
     def consecutive_nonfinite(self) -> int:
         return self.actor.consecutive_nonfinite
 
+    def _auto(self, batch: Batch, kw: dict) -> dict:
+        if getattr(self.actor, "auto_log_prob", None) is not None and kw.get("use_dynamic_bsz"):
+            kw = {**kw, "max_token_len": self.actor.log_prob_budget(batch)}
+        return kw
+
     def compute_log_prob(
         self, batch: Batch, temperature: float, micro_batch_size: int, calculate_entropy=False, **kw
     ):
         return _compute_log_prob(
-            self.actor.model, batch, temperature, micro_batch_size, calculate_entropy, **kw
+            self.actor.model, batch, temperature, micro_batch_size, calculate_entropy, **self._auto(batch, kw)
         )
 
     def compute_ref_log_prob(self, batch: Batch, temperature: float, micro_batch_size: int, **kw):
         if self.ref_model is None:
             raise ValueError("no reference model")
-        return _compute_log_prob(self.ref_model, batch, temperature, micro_batch_size, **kw)
+        # the reference has the actor's architecture: the actor's measured budget fits it too
+        return _compute_log_prob(self.ref_model, batch, temperature, micro_batch_size, **self._auto(batch, kw))
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
         return self.actor.update_policy(batch)

@@ -197,6 +197,7 @@ class FSDPActorWorker:
             use_remove_padding=False,
             use_dynamic_bsz=dyn,
             log_prob_use_dynamic_bsz=False,
+            auto_budget=None,  # budgets only size dynamic micro-batches, which ranks do not use yet
         )
         self.actor = Actor(self.model, self.optimizer, self.settings)
         if counters is not None:
