@@ -25,7 +25,9 @@ CHILD = Path(__file__).with_name("auto_budget_child.py")
 def test_fit_solves_for_the_headroom(monkeypatch):
     monkeypatch.setattr(auto_budget, "headroom", lambda device, limit=None: (10_000_000, "test"))
     logs: list[str] = []
-    ab = AutoBudget("ppo_max_token_len_per_gpu", AutoBudgetConfig(ppo=True, margin=0.2), torch.device("cpu"), logs.append)
+    ab = AutoBudget(
+        "ppo_max_token_len_per_gpu", AutoBudgetConfig(ppo=True, margin=0.2), torch.device("cpu"), logs.append
+    )
     keep = []
 
     def probe(rows: list[int]) -> None:  # 1000 bytes per token of the rows + 200 kB fixed
@@ -52,7 +54,9 @@ def test_fit_solves_for_the_headroom(monkeypatch):
 def test_auto_config_keys():
     base = ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto"]
     (p,) = validate(load_config(base))
-    assert p.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto") and "use_dynamic_bsz=true" in p
+    assert (
+        p.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto") and "use_dynamic_bsz=true" in p
+    )
     cfg = load_config(
         [
             *base,

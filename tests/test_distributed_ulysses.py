@@ -21,7 +21,6 @@ from dapo.distributed import DistributedActor, ProcessWorkerGroup
 from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
 from dapo.distributed.ulysses import sp_problem, ulysses_response_logprobs
 from dapo.model.loader import load_model
-
 from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank, settings  # noqa: E402
 
 TEMP = 0.7
@@ -36,9 +35,7 @@ def _loss(lp: torch.Tensor, ent: torch.Tensor, batch) -> torch.Tensor:
 def _forward_backward(model, batch, forward, **kw) -> dict:
     model.zero_grad(set_to_none=True)
     t = batch.tensors
-    lp, ent = forward(
-        model, t["input_ids"], t["attention_mask"], t["responses"].shape[1], TEMP, True, **kw
-    )
+    lp, ent = forward(model, t["input_ids"], t["attention_mask"], t["responses"].shape[1], TEMP, True, **kw)
     loss = _loss(lp, ent, batch)
     loss.backward()
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
@@ -75,8 +72,13 @@ def kv1_model_dir(tmp_path_factory, char_tokenizer):
     torch.manual_seed(1)
     tok = char_tokenizer
     cfg = tiny_config(
-        len(tok), tok.pad_token_id, tok.eos_token_id, hidden_size=64, num_hidden_layers=2,
-        intermediate_size=128, num_key_value_heads=1,
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_key_value_heads=1,
     )
     out = tmp_path_factory.mktemp("tiny_kv1")
     Qwen2ForCausalLM(cfg).save_pretrained(out)
@@ -127,8 +129,11 @@ def test_dp2_sp2_fsdp_equals_one_rank(tiny_random_model_dir):
         assert max_diff(ref.model, actor.rollout_model) < TOL
         assert max_diff(load_model(tiny_random_model_dir), actor.rollout_model) > 100 * TOL
         lp1 = response_logprobs(
-            ref.model.eval(), batch.tensors["input_ids"], batch.tensors["attention_mask"],
-            batch.tensors["responses"].shape[1], TEMP,
+            ref.model.eval(),
+            batch.tensors["input_ids"],
+            batch.tensors["attention_mask"],
+            batch.tensors["responses"].shape[1],
+            TEMP,
         )[0]
         lp2, _ = actor.compute_log_prob(batch, TEMP, 3)
         mask = batch.tensors["response_mask"].bool()

@@ -15,7 +15,11 @@ SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_check.sh"
 def test_gpu_check_dry_writes_the_figures(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(
-        ["bash", str(SCRIPT), "--dry", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=900
+        ["bash", str(SCRIPT), "--dry", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     fig = json.loads((tmp_path / "out" / "gpu_check.json").read_text())

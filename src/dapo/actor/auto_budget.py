@@ -175,7 +175,9 @@ def longest_rows(lengths: list[int], tokens: int) -> list[int]:
 class AutoBudget:
     """Chooses and re-chooses one token budget (``key``) from probes."""
 
-    def __init__(self, key: str, cfg: AutoBudgetConfig, device: torch.device, log: Callable[[str], None] = print):
+    def __init__(
+        self, key: str, cfg: AutoBudgetConfig, device: torch.device, log: Callable[[str], None] = print
+    ):
         self.key, self.cfg, self.device, self.log = key, cfg, device, log
         self.value: int | None = None
         self.limit = 0
@@ -220,7 +222,9 @@ class AutoBudget:
             fits = budget
             budget, timings = self._fastest(lengths, probe, longest, min(fits, sum(lengths)))
             speeds = ", ".join(f"{c}: {v:.0f} tokens/s" for c, v in timings)
-            self._say(f"auto: {self.key}={budget} (fastest measured of {speeds}; memory allows {fits}: {reason})")
+            self._say(
+                f"auto: {self.key}={budget} (fastest measured of {speeds}; memory allows {fits}: {reason})"
+            )
         self.value, self.limit = budget, room
         return budget
 

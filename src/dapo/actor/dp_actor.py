@@ -140,7 +140,9 @@ class Actor:
         if auto is not None and auto.ppo:
             self.auto_ppo = AutoBudget("ppo_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
         if auto is not None and auto.log_prob:
-            self.auto_log_prob = AutoBudget("log_prob_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
+            self.auto_log_prob = AutoBudget(
+                "log_prob_max_token_len_per_gpu", auto, device, lambda m: self.log(m)
+            )
 
     # ------------------------------------------------------------------ auto token budgets
     def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:

@@ -294,7 +294,9 @@ def _auto_budget_problems(cfg: Any) -> list[str]:
         if not _budget_ok(v):
             out.append(f"{key}: must be >= 1 tokens or auto, got {v!r}")
         elif str(v) == "auto" and not (dyn or arr[sec].log_prob_use_dynamic_bsz):
-            out.append(f"{key}=auto sizes token-budget micro-batches: set actor_rollout_ref.{sec}.log_prob_use_dynamic_bsz=true")
+            out.append(
+                f"{key}=auto sizes token-budget micro-batches: set actor_rollout_ref.{sec}.log_prob_use_dynamic_bsz=true"
+            )
     if not 0 <= float(ab.margin) < 1:
         out.append(f"trainer.auto_budget.margin: must be in [0, 1), got {ab.margin}")
     if ab.memory_limit_gb is not None and float(ab.memory_limit_gb) <= 0:
@@ -363,7 +365,9 @@ def _sequence_parallel_problems(cfg: Any) -> list[str]:
             "each group of that many ranks shares its rows"
         )
     if not arr.model.use_remove_padding:
-        out.append(f"{key}={sp} splits the packed sequence: set actor_rollout_ref.model.use_remove_padding=true")
+        out.append(
+            f"{key}={sp} splits the packed sequence: set actor_rollout_ref.model.use_remove_padding=true"
+        )
     heads = model_heads(arr.model.path)
     if heads is not None:
         why = sp_problem(heads[0], heads[1], sp)

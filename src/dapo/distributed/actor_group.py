@@ -80,7 +80,9 @@ class LocalActor:
         if self.ref_model is None:
             raise ValueError("no reference model")
         # the reference has the actor's architecture: the actor's measured budget fits it too
-        return _compute_log_prob(self.ref_model, batch, temperature, micro_batch_size, **self._auto(batch, kw))
+        return _compute_log_prob(
+            self.ref_model, batch, temperature, micro_batch_size, **self._auto(batch, kw)
+        )
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
         return self.actor.update_policy(batch)

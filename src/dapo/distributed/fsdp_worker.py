@@ -252,7 +252,12 @@ class FSDPActorWorker:
         if model is None:
             raise ValueError("this worker group was built without a reference model (use_ref=False)")
         lp, ent = compute_log_prob(
-            model, _to(batch, self.device), temperature, micro_batch_size, calculate_entropy, forward=self._packed
+            model,
+            _to(batch, self.device),
+            temperature,
+            micro_batch_size,
+            calculate_entropy,
+            forward=self._packed,
         )
         return lp.cpu(), (ent.cpu() if ent is not None else None)
 

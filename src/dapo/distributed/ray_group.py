@@ -179,7 +179,9 @@ class RayWorkerGroup(WorkerGroup):
             bundle = {"CPU": num_cpus_per_worker * per_node}
             if num_gpus_per_worker:
                 bundle["GPU"] = num_gpus_per_worker * per_node
-            self._pg = ray.util.placement_group([dict(bundle) for _ in range(nnodes)], strategy="STRICT_SPREAD")
+            self._pg = ray.util.placement_group(
+                [dict(bundle) for _ in range(nnodes)], strategy="STRICT_SPREAD"
+            )
             ready, _ = ray.wait([self._pg.ready()], timeout=placement_timeout_s)
             if not ready:
                 ray.util.remove_placement_group(self._pg)

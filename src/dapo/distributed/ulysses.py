@@ -137,7 +137,12 @@ def _packed_attention(
     gqa = q.shape[1] != k.shape[1]
     outs = [
         F.scaled_dot_product_attention(
-            q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scaling,
+            q[:, :, s:e],
+            k[:, :, s:e],
+            v[:, :, s:e],
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
             enable_gqa=gqa,
         )
         for s, e in bounds
