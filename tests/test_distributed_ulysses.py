@@ -39,7 +39,7 @@ def _forward_backward(model, batch, forward, **kw) -> dict:
     loss = _loss(lp, ent, batch)
     loss.backward()
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
-    return {"lp": lp.detach(), "ent": ent.detach(), "loss": float(loss), "grads": grads}
+    return {"lp": lp.detach(), "ent": ent.detach(), "loss": float(loss.detach()), "grads": grads}
 
 
 class SPWorker:
@@ -51,8 +51,10 @@ class SPWorker:
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
         self.group = dist.new_group(list(range(world)))
 
-    def run(self, model_dir: str, batch) -> dict:
+    def run(self, model_dir: str, batch, checkpointing: bool = False) -> dict:
         model = load_model(model_dir).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
         out = _forward_backward(model, batch, ulysses_response_logprobs, group=self.group)
         for g in out["grads"].values():
             dist.all_reduce(g, group=self.group)
@@ -90,13 +92,23 @@ def test_sp2_equals_one_process(tiny_random_model_dir, kv1_model_dir):
     torch.set_num_threads(1)
     group = ProcessWorkerGroup(SPWorker, 2)
     try:
-        for model_dir in (tiny_random_model_dir, kv1_model_dir):
+        # activation checkpointing re-runs the forward during backward: same packed attention
+        for model_dir, ckpt in (
+            (tiny_random_model_dir, False),
+            (kv1_model_dir, False),
+            (tiny_random_model_dir, True),
+        ):
             model = load_model(model_dir).train()
             # 7 rows: the packed length is odd for some seeds, so the SP padding is exercised
             batch = make_batch(model.config.vocab_size, rows=7, seed=5)
             ref = _forward_backward(model, batch, response_logprobs)
+            if ckpt:
+                model.gradient_checkpointing_enable()
             one = _forward_backward(model, batch, ulysses_response_logprobs)  # packed, no group
-            a, b = group.call_all("run", str(model_dir), batch)
+            # the model was switched to packed attention; its padded forward is unchanged
+            again = _forward_backward(model, batch, response_logprobs)
+            assert float((again["lp"] - ref["lp"]).abs().max()) < TOL
+            a, b = group.call_all("run", str(model_dir), batch, ckpt)
             mask = batch.tensors["response_mask"].bool()
             for got in (one, a, b):
                 assert float((got["lp"] - ref["lp"])[mask].abs().max()) < TOL

@@ -21,9 +21,6 @@ and keep their own chunk, which gives the same values.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,7 +30,6 @@ import torch.nn.functional as F
 from dapo.algo.entropy import logprobs_and_entropy
 
 ATTN_NAME = "dapo_packed_varlen"
-_state = threading.local()
 
 
 def sp_problem(num_attention_heads: int, num_key_value_heads: int, sp: int) -> str | None:
@@ -124,11 +120,17 @@ def _packed_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    dapo_packed: tuple[list[tuple[int, int]], Any] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """A transformers attention function: causal attention within each packed sequence of the
-    current call (``packed_attention``), with the all-to-all around it when an SP group is set."""
-    group, bounds = _state.group, _state.bounds
+    """A transformers attention function. With ``dapo_packed`` = (sequence bounds of the whole
+    packed row, SP group or None): causal attention within each packed sequence, with the
+    all-to-all around it for an SP group. Without it: the model's previous attention function,
+    unchanged (padded forwards keep working on a model that was switched)."""
+    if dapo_packed is None:
+        base = _BASE_ATTENTION[module.config._attn_implementation]
+        return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    bounds, group = dapo_packed
     sp = _group_size(group)
     if sp > 1 and key.shape[1] < sp:  # fewer kv heads than ranks: repeat each
         rep = sp // key.shape[1]
@@ -151,27 +153,34 @@ def _packed_attention(
     return heads_to_seq(o, group).transpose(1, 2).contiguous(), None
 
 
-def _register() -> None:
+_BASE_ATTENTION: dict[str, Any] = {}
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Switch ``model`` to ``_packed_attention`` (idempotent). The switch is permanent rather than
+    scoped to a call so that activation checkpointing, which re-runs the forward during backward,
+    sees the same function; the packed layout itself travels in the forward's keyword arguments."""
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if ATTN_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTN_NAME, _packed_attention)
-
-
-@contextlib.contextmanager
-def packed_attention(model: torch.nn.Module, bounds: list[tuple[int, int]], group: Any) -> Iterator[None]:
-    """Within the block, ``model``'s attention is ``_packed_attention`` over ``bounds`` (the
-    sequences of the whole packed row) for the SP ``group`` (None: one rank)."""
-    _register()
     cfg = model.config
     before = cfg._attn_implementation
-    _state.group, _state.bounds = group, bounds
-    cfg._attn_implementation = ATTN_NAME
-    try:
-        yield
-    finally:
-        cfg._attn_implementation = before
-        _state.group, _state.bounds = None, None
+    if before.startswith(ATTN_NAME):
+        return
+    name = f"{ATTN_NAME}_{before}"
+    if name not in _BASE_ATTENTION:
+        # eager lives in each model's module, not in the registry: sdpa computes the same
+        base = (
+            ALL_ATTENTION_FUNCTIONS[before] if before in ALL_ATTENTION_FUNCTIONS else sdpa_attention_forward
+        )
+        _BASE_ATTENTION[name] = base
+        AttentionInterface.register(name, _packed_attention)
+        mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(before)
+        if mask is not None:
+            AttentionMaskInterface.register(name, mask)
+    cfg._attn_implementation = name
 
 
 def ulysses_response_logprobs(
@@ -205,8 +214,17 @@ def ulysses_response_logprobs(
     bounds = list(zip(cu[:-1], cu[1:])) + ([(n, n + pad)] if pad else [])
     width = (n + pad) // sp
     sl = slice(rank * width, (rank + 1) * width)
-    with packed_attention(model, bounds, group):
-        logits = model(input_ids=ids[sl][None], position_ids=pos[sl][None], use_cache=False).logits[0]
+    use_packed_attention(model)
+    # a 4-D mask is passed through untouched: transformers builds none (the packed attention
+    # ignores it), where position_ids alone would make it build a block mask over the slice
+    no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
+    logits = model(
+        input_ids=ids[sl][None],
+        position_ids=pos[sl][None],
+        attention_mask=no_mask,
+        use_cache=False,
+        dapo_packed=(bounds, group),
+    ).logits[0]
     logp, ent = logprobs_and_entropy(logits, labels[sl], temperature, calculate_entropy)
     logp = gather_seq(logp, group)[target - 1]
     flat = resp_mask.flatten().nonzero().squeeze(-1)
