@@ -28,13 +28,19 @@ OBJECT_STORE = 100 * 2**20
 
 
 def _cluster_processes(marks: list[str], pids: set[int]) -> list[str]:
-    import psutil
-
+    """Live processes whose command line names the cluster (session dir, GCS address) or whose
+    pid is a rank's (from /proc: zombies, already exited, have an empty command line)."""
     out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] in pids or any(m in cmd for m in marks):
-            out.append(f"{p.info['pid']}: {cmd[:120]}")
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (int(d.name) in pids or any(m in cmd for m in marks)):
+            out.append(f"{d.name}: {cmd[:120]}")
     return out
 
 

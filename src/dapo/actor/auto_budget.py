@@ -53,11 +53,19 @@ def _statm() -> tuple[int, int]:
     try:
         vms, rss = Path("/proc/self/statm").read_text().split()[:2]
         return int(vms) * _PAGE, int(rss) * _PAGE
-    except OSError:  # no procfs: psutil
-        import psutil
+    except OSError:  # no procfs: the peak RSS is the best available figure
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return peak, peak
 
-        m = psutil.Process().memory_info()
-        return int(m.vms), int(m.rss)
+
+def _available_ram() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _cgroup_headroom() -> int | None:
@@ -77,10 +85,11 @@ def headroom(device: torch.device, memory_limit_gb: float | None = None) -> tupl
         free, _total = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free + cached), "cuda free memory"
-    import psutil
-
     vms, rss = _statm()
-    options = [(int(psutil.virtual_memory().available), "available RAM")]
+    options = []
+    ram = _available_ram()
+    if ram is not None:
+        options.append((ram, "available RAM"))
     if memory_limit_gb:
         options.append((int(memory_limit_gb * GiB) - rss, f"memory_limit_gb={memory_limit_gb}"))
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -89,6 +98,10 @@ def headroom(device: torch.device, memory_limit_gb: float | None = None) -> tupl
     cg = _cgroup_headroom()
     if cg is not None:
         options.append((cg, "cgroup memory.max"))
+    if not options:
+        raise RuntimeError(
+            "auto token budgets: no memory figure on this system; set trainer.auto_budget.memory_limit_gb"
+        )
     return min(options)
 
 
