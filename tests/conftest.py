@@ -14,28 +14,24 @@ def char_tokenizer():
     return build_char_tokenizer()
 
 
-@pytest.fixture(scope="session")
-def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
-    """A randomly initialised tiny Qwen2 + char tokenizer saved as a Hugging Face directory."""
+def save_tiny_random_model(out, tok, seed: int = 0, **config):
+    """A randomly initialised tiny Qwen2 (64 hidden, 2 layers; ``config`` overrides) and ``tok``
+    saved in ``out`` as a Hugging Face directory."""
     from transformers import Qwen2ForCausalLM
 
     from dapo.model.tiny import tiny_config
 
-    torch.manual_seed(0)
-    tok = char_tokenizer
-    cfg = tiny_config(
-        len(tok),
-        tok.pad_token_id,
-        tok.eos_token_id,
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-    )
-    model = Qwen2ForCausalLM(cfg)
-    out = tmp_path_factory.mktemp("tiny_random")
-    model.save_pretrained(out)
+    torch.manual_seed(seed)
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, **config}
+    Qwen2ForCausalLM(tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, **shape)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
+    """A randomly initialised tiny Qwen2 + char tokenizer saved as a Hugging Face directory."""
+    return save_tiny_random_model(tmp_path_factory.mktemp("tiny_random"), char_tokenizer)
 
 
 @pytest.fixture(scope="module")

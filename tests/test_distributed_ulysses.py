@@ -67,25 +67,11 @@ class SPWorker:
 @pytest.fixture(scope="module")
 def kv1_model_dir(tmp_path_factory, char_tokenizer):
     """A tiny Qwen2 with 4 query heads and 1 kv head (SP=2 repeats it)."""
-    from transformers import Qwen2ForCausalLM
+    from conftest import save_tiny_random_model
 
-    from dapo.model.tiny import tiny_config
-
-    torch.manual_seed(1)
-    tok = char_tokenizer
-    cfg = tiny_config(
-        len(tok),
-        tok.pad_token_id,
-        tok.eos_token_id,
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_key_value_heads=1,
+    return save_tiny_random_model(
+        tmp_path_factory.mktemp("tiny_kv1"), char_tokenizer, seed=1, num_key_value_heads=1
     )
-    out = tmp_path_factory.mktemp("tiny_kv1")
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def test_sp2_equals_one_process(tiny_random_model_dir, kv1_model_dir):

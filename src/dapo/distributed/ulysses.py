@@ -195,16 +195,10 @@ def ulysses_response_logprobs(
     """``dapo.actor.forward.response_logprobs`` through the model's own forward (so FSDP's hooks
     run), packed without padding and split over the SP ``group`` (None: one rank). Every rank of
     the group must call it with the same rows."""
-    from dapo.actor.forward import pack_rows
+    from dapo.actor.forward import pack_responses, unpack_responses
 
     sp, rank = _group_size(group), (0 if group is None else dist.get_rank(group))
-    b, total = input_ids.shape
-    prompt_width = total - response_width
-    packed = pack_rows(input_ids, attention_mask)
-    resp_mask = attention_mask[:, prompt_width:].bool()
-    target = packed["where"][:, prompt_width:][resp_mask]  # packed index of each response token
-    if bool((attention_mask[:, :prompt_width].sum(-1) == 0)[resp_mask.any(-1)].any()):
-        raise ValueError("a row with response tokens has an empty prompt: nothing predicts its first token")
+    packed, resp_mask, target = pack_responses(input_ids, attention_mask, response_width)
     cu = packed["cu_seqlens"]
     n = cu[-1]
     pad = (-n) % sp
@@ -227,13 +221,8 @@ def ulysses_response_logprobs(
     ).logits[0]
     logp, ent = logprobs_and_entropy(logits, labels[sl], temperature, calculate_entropy)
     logp = gather_seq(logp, group)[target - 1]
-    flat = resp_mask.flatten().nonzero().squeeze(-1)
-    out_lp = logp.new_zeros(b * response_width).index_put((flat,), logp).view(b, response_width)
-    out_ent = None
-    if ent is not None:
-        ent = gather_seq(ent, group)[target - 1]
-        out_ent = ent.new_zeros(b * response_width).index_put((flat,), ent).view(b, response_width)
-    return out_lp, out_ent
+    ent = gather_seq(ent, group)[target - 1] if ent is not None else None
+    return unpack_responses(logp, resp_mask), unpack_responses(ent, resp_mask)
 
 
 def sp_groups(world: int, sp: int) -> tuple[Any, list[int]]:
