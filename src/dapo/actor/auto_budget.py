@@ -201,7 +201,13 @@ class AutoBudget:
             self._logged.add(msg)
             self.log(msg)
 
-    def choose(self, lengths: list[int], probe: Callable[[list[int]], None], extra_fixed: int = 0) -> int:
+    def choose(
+        self,
+        lengths: list[int],
+        probe: Callable[[list[int]], None],
+        extra_fixed: int = 0,
+        timed: Callable[[int], int] | None = None,
+    ) -> int:
         """The budget for rows of ``lengths``: probe the longest rows at two sizes, fit, solve."""
         if self.value is not None:
             return self.value
@@ -233,7 +239,7 @@ class AutoBudget:
             budget = longest
         else:
             fits = budget
-            budget, timings = self._fastest(lengths, probe, longest, min(fits, sum(lengths)))
+            budget, timings = self._fastest(lengths, probe, longest, min(fits, sum(lengths)), timed)
             speeds = ", ".join(f"{c}: {v:.0f} tokens/s" for c, v in timings)
             self._say(
                 f"auto: {self.key}={budget} (fastest measured of {speeds}; memory allows {fits}: {reason})"
@@ -243,11 +249,16 @@ class AutoBudget:
 
     @staticmethod
     def _fastest(
-        lengths: list[int], probe: Callable[[list[int]], None], longest: int, cap: int
+        lengths: list[int],
+        probe: Callable[[list[int]], None],
+        longest: int,
+        cap: int,
+        timed: Callable[[int], int] | None = None,
     ) -> tuple[int, list[tuple[int, float]]]:
-        """Time one micro-batch at budgets longest x 2^k up to ``cap`` (consecutive rows of the
-        batch, so its length mix); stop once one is 10% slower than the best. Larger budgets
-        win on devices that need big matmuls; on CPU smaller ones often do (less padding, cache)."""
+        """Time budgets longest x 2^k up to ``cap``: ``timed(budget)`` runs real work with that
+        budget and returns its tokens (else one micro-batch of consecutive rows of the batch);
+        stop once one is 10% slower than the best. Larger budgets win on devices that need big
+        matmuls; on CPU smaller ones often do (less padding, cache)."""
         candidates, c = [], longest
         while c < cap:
             candidates.append(c)
@@ -256,6 +267,16 @@ class AutoBudget:
         timings: list[tuple[int, float]] = []
         best = (cap, 0.0)
         for c in candidates:
+            if timed is not None:
+                t0 = time.perf_counter()
+                total = timed(c)
+                speed = total / max(time.perf_counter() - t0, 1e-9)
+                timings.append((c, speed))
+                if speed > best[1]:
+                    best = (c, speed)
+                elif speed < 0.9 * best[1]:
+                    break
+                continue
             rows, total = [], 0
             for i, n in enumerate(lengths):
                 if total + n > c:

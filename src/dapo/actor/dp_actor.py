@@ -168,10 +168,21 @@ class Actor:
         self.model.train()
         try:
             return self.auto_ppo.choose(
-                lengths, lambda rows: self._probe(batch, rows, True), self._optimizer_state_bytes()
+                lengths,
+                lambda rows: self._probe(batch, rows, True),
+                self._optimizer_state_bytes(),
+                timed=lambda budget: self._timed_mini_batch(batch, lengths, budget),
             )
         finally:
             self.model.train(was)
+
+    def _timed_mini_batch(self, batch: Batch, lengths: list[int], budget: int) -> int:
+        """Forward and backward over the first mini-batch in micro-batches of ``budget`` tokens (as
+        the update would run it, no optimizer step); returns its tokens."""
+        n = min(len(lengths), self.s.ppo_mini_batch_size)
+        for part in rearrange_micro_batches(lengths[:n], budget, key="ppo_max_token_len_per_gpu"):
+            self._probe(batch, part, True)
+        return int(sum(lengths[:n]))
 
     def log_prob_budget(self, batch: Batch) -> int:
         """``log_prob_max_token_len_per_gpu`` for this batch's rows (the configured value unless auto)."""
