@@ -14,25 +14,16 @@ def char_tokenizer():
     return build_char_tokenizer()
 
 
-def _random_tiny_qwen2(tmp_path_factory, tok, name: str, **sizes):
-    """A randomly initialised (seed 0) tiny Qwen2 + ``tok`` saved as a Hugging Face directory."""
+def save_tiny_random_model(out, tok, seed: int = 0, **config):
+    """A randomly initialised tiny Qwen2 (64 hidden, 2 layers; ``config`` overrides) and ``tok``
+    saved in ``out`` as a Hugging Face directory."""
     from transformers import Qwen2ForCausalLM
 
     from dapo.model.tiny import tiny_config
 
-    torch.manual_seed(0)
-    cfg = tiny_config(
-        len(tok),
-        tok.pad_token_id,
-        tok.eos_token_id,
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        **sizes,
-    )
-    model = Qwen2ForCausalLM(cfg)
-    out = tmp_path_factory.mktemp(name)
-    model.save_pretrained(out)
+    torch.manual_seed(seed)
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, **config}
+    Qwen2ForCausalLM(tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, **shape)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
@@ -40,16 +31,15 @@ def _random_tiny_qwen2(tmp_path_factory, tok, name: str, **sizes):
 @pytest.fixture(scope="session")
 def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
     """A randomly initialised tiny Qwen2 + char tokenizer saved as a Hugging Face directory."""
-    return _random_tiny_qwen2(tmp_path_factory, char_tokenizer, "tiny_random")
+    return save_tiny_random_model(tmp_path_factory.mktemp("tiny_random"), char_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def tiny_hd32_model_dir(tmp_path_factory, char_tokenizer):
     """The same with head size 32 (the smallest vLLM's CPU attention takes) and 512 positions."""
-    return _random_tiny_qwen2(
-        tmp_path_factory,
+    return save_tiny_random_model(
+        tmp_path_factory.mktemp("tiny_hd32"),
         char_tokenizer,
-        "tiny_hd32",
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=512,

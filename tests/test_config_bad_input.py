@@ -133,3 +133,20 @@ def test_vllm_rollout_keys(override, named):
 def test_unknown_rollout_name():
     (p,) = problems("actor_rollout_ref.rollout.name=sglang")
     assert "'sglang'" in p and "use hf or vllm" in p
+
+
+def test_ulysses_rules_name_the_key(tmp_path):
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ok = ("trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=true")
+    assert problems(f"{key}=2", *ok) == []  # the built-in tiny model: 4 heads, 2 kv heads
+    (p,) = problems(f"{key}=3", "trainer.n_gpus_per_node=3", ok[1])
+    assert p.startswith(f"{key}=3") and "num_attention_heads=4" in p
+    (p,) = problems(f"{key}=2", "trainer.n_gpus_per_node=4")
+    assert key in p and "use_remove_padding=true" in p
+    (p,) = problems(f"{key}=4", "trainer.n_gpus_per_node=2", ok[1])
+    assert p.startswith(f"{key}=4 must divide the 2 ranks")
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 8, "num_key_value_heads": 3}')
+    (p,) = problems(f"{key}=2", *ok, f"actor_rollout_ref.model.path={tmp_path}")
+    assert "num_key_value_heads=3" in p
+    (p,) = problems(f"{key}=2", *ok, "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1")
+    assert p.startswith("actor_rollout_ref.ref.ulysses_sequence_parallel_size=1")

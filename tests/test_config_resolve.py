@@ -185,14 +185,14 @@ def test_unimplemented_keys_warn_by_name_or_are_refused():
     assert config_warnings(load_config([], preset=None)) == []
     cfg = load_config(
         [
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "data.validation_shuffle=true",
             "trainer.log_val_generations=10",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         ]
     )
     warnings = config_warnings(cfg)
     assert len(warnings) == 2
-    assert warnings[0].startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is accepted")
+    assert warnings[0].startswith("data.validation_shuffle=true is accepted")
     assert warnings[1].startswith("trainer.log_val_generations=10 is accepted")
     assert validate(cfg) == []
     refused = validate(load_config(["actor_rollout_ref.actor.strategy=megatron", "reward_model.enable=true"]))

@@ -11,13 +11,16 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from dapo.actor.auto_budget import AutoBudget, AutoBudgetConfig, peak_growth
 from dapo.actor.forward import packed_response_logprobs, response_logprobs
 from dapo.actor.seqlen_balancing import fixed_micro_batches, rearrange_micro_batches, restore_order
 from dapo.algo.agg import agg_loss, compute_global_batch_info
@@ -56,6 +59,10 @@ class ActorSettings:
     log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
     use_remove_padding: bool = ModelConfig.use_remove_padding
+    # ranks that split each packed sequence (Ulysses); > 1 only on a worker group
+    ulysses_sequence_parallel_size: int = 1
+    # token budgets chosen from measured memory (``...max_token_len_per_gpu=auto``)
+    auto_budget: AutoBudgetConfig | None = None
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
@@ -89,12 +96,15 @@ def compute_log_prob(
     use_dynamic_bsz: bool = False,
     max_token_len: int = 16384,
     use_remove_padding: bool = False,
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of ``responses`` under ``model``, in batch order.
 
     ``use_dynamic_bsz``: micro-batches of at most ``max_token_len`` tokens (balanced), results
-    put back in the batch's order; otherwise slices of ``micro_batch_size`` rows."""
-    forward = packed_response_logprobs if use_remove_padding else response_logprobs
+    put back in the batch's order; otherwise slices of ``micro_batch_size`` rows. ``forward``
+    replaces the forward ``use_remove_padding`` selects (the FSDP worker's packed / SP one)."""
+    if forward is None:
+        forward = packed_response_logprobs if use_remove_padding else response_logprobs
     was_training = model.training
     model.eval()
     try:
@@ -130,8 +140,82 @@ class Actor:
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
         self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
+        self.log: Callable[[str], None] = print
+        auto = settings.auto_budget
+        device = next(model.parameters()).device
+        self.auto_ppo = self.auto_log_prob = None
+        if auto is not None and auto.ppo:
+            self.auto_ppo = AutoBudget("ppo_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
+        if auto is not None and auto.log_prob:
+            self.auto_log_prob = AutoBudget(
+                "log_prob_max_token_len_per_gpu", auto, device, lambda m: self.log(m)
+            )
+
+    # ------------------------------------------------------------------ auto token budgets
+    def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:
+        part = batch.select(np.asarray(rows))
+        ids, attn, width = _inputs(part)
+        need_entropy = self.s.calculate_entropy or self.s.entropy_coeff != 0
+        with torch.set_grad_enabled(grad):
+            lp, ent = self._forward(self.model, ids, attn, width, self.s.temperature, need_entropy and grad)
+            if grad:
+                loss = (lp * part.tensors["response_mask"]).sum()
+                (loss if ent is None else loss + ent.sum()).backward()
+        self.model.zero_grad(set_to_none=True)
+
+    def _optimizer_state_bytes(self) -> int:
+        """AdamW's two moments, when they do not exist yet (the probe cannot see them)."""
+        if self.optimizer.state:
+            return 0
+        return 2 * sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+    def ppo_budget(self, batch: Batch) -> int:
+        lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+        was = self.model.training
+        self.model.train()
+        try:
+            return self.auto_ppo.choose(
+                lengths,
+                lambda rows: self._probe(batch, rows, True),
+                self._optimizer_state_bytes(),
+                timed=lambda budget: self._timed_mini_batch(batch, lengths, budget),
+            )
+        finally:
+            self.model.train(was)
+
+    def _timed_mini_batch(self, batch: Batch, lengths: list[int], budget: int) -> int:
+        """Forward and backward over the first mini-batch in micro-batches of ``budget`` tokens (as
+        the update would run it, no optimizer step); returns its tokens."""
+        n = min(len(lengths), self.s.ppo_mini_batch_size)
+        for part in rearrange_micro_batches(lengths[:n], budget, key="ppo_max_token_len_per_gpu"):
+            self._probe(batch, part, True)
+        return int(sum(lengths[:n]))
+
+    def log_prob_budget(self, batch: Batch) -> int:
+        """``log_prob_max_token_len_per_gpu`` for this batch's rows (the configured value unless auto)."""
+        if self.auto_log_prob is None:
+            return self.s.log_prob_max_token_len_per_gpu
+        lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+        was = self.model.training
+        self.model.eval()
+        try:
+            return self.auto_log_prob.choose(lengths, lambda rows: self._probe(batch, rows, False))
+        finally:
+            self.model.train(was)
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
+        if self.auto_ppo is None:
+            return self._update_policy(batch)
+        budget = self.ppo_budget(batch)
+        if budget != self.s.ppo_max_token_len_per_gpu:
+            self.s = dataclasses.replace(self.s, ppo_max_token_len_per_gpu=budget)
+        with peak_growth(next(self.model.parameters()).device, exact=False) as peak:
+            out = self._update_policy(batch)
+        self.auto_ppo.observe(peak[0])
+        out["actor/ppo_max_token_len"] = float(budget)
+        return out
+
+    def _update_policy(self, batch: Batch) -> dict[str, float]:
         s = self.s
         self.model.train()
         n_rows = len(batch)
@@ -248,8 +332,30 @@ def actor_settings_from_config(cfg: Any) -> ActorSettings:
         kl_loss_type=a.kl_loss_type,
         log_prob_micro_batch_size=int(r.log_prob_micro_batch_size_per_gpu),
         use_dynamic_bsz=a.use_dynamic_bsz,
-        ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
+        ppo_max_token_len_per_gpu=_budget(a.ppo_max_token_len_per_gpu),
         log_prob_use_dynamic_bsz=r.log_prob_use_dynamic_bsz,
-        log_prob_max_token_len_per_gpu=r.log_prob_max_token_len_per_gpu,
+        log_prob_max_token_len_per_gpu=_budget(r.log_prob_max_token_len_per_gpu),
         use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        ulysses_sequence_parallel_size=int(a.ulysses_sequence_parallel_size or 1),
+        auto_budget=_auto_budget(cfg),
+    )
+
+
+AUTO = "auto"
+_AUTO_START = 16384  # the value an ``auto`` budget holds until the first probe
+
+
+def _budget(value: Any) -> int:
+    return _AUTO_START if str(value) == AUTO else int(value)
+
+
+def _auto_budget(cfg: Any) -> AutoBudgetConfig | None:
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    ppo, lp = str(a.ppo_max_token_len_per_gpu) == AUTO, str(r.log_prob_max_token_len_per_gpu) == AUTO
+    if not (ppo or lp):
+        return None
+    ab = cfg.trainer.auto_budget
+    limit = ab.memory_limit_gb
+    return AutoBudgetConfig(
+        ppo=ppo, log_prob=lp, memory_limit_gb=float(limit) if limit else None, margin=float(ab.margin)
     )

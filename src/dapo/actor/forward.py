@@ -78,23 +78,34 @@ def packed_response_logprobs(
         return response_logprobs(
             model, input_ids, attention_mask, response_width, temperature, calculate_entropy
         )
-    b, total = input_ids.shape
-    prompt_width = total - response_width
-    packed = pack_rows(input_ids, attention_mask)
-    resp_mask = attention_mask[:, prompt_width:].bool()
-    target = packed["where"][:, prompt_width:][resp_mask]  # packed index of each response token
-    if bool((attention_mask[:, :prompt_width].sum(-1) == 0)[resp_mask.any(-1)].any()):
-        raise ValueError("a row with response tokens has an empty prompt: nothing predicts its first token")
+    packed, resp_mask, target = pack_responses(input_ids, attention_mask, response_width)
     fn = DecoderFn(model)
     hidden = fn.packed_hidden(packed["ids"], packed["positions"], packed["cu_seqlens"])
     logits = fn.logits(hidden[target - 1])
     logp, ent = logprobs_and_entropy(logits, packed["ids"][target], temperature, calculate_entropy)
+    return unpack_responses(logp, resp_mask), unpack_responses(ent, resp_mask)
+
+
+def pack_responses(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """``pack_rows`` plus the response mask [b, R] and the packed index of every response token."""
+    prompt_width = input_ids.shape[1] - response_width
+    packed = pack_rows(input_ids, attention_mask)
+    resp_mask = attention_mask[:, prompt_width:].bool()
+    target = packed["where"][:, prompt_width:][resp_mask]
+    if bool((attention_mask[:, :prompt_width].sum(-1) == 0)[resp_mask.any(-1)].any()):
+        raise ValueError("a row with response tokens has an empty prompt: nothing predicts its first token")
+    return packed, resp_mask, target
+
+
+def unpack_responses(values: torch.Tensor | None, resp_mask: torch.Tensor) -> torch.Tensor | None:
+    """Per-response-token values back to [b, R] (zeros on padding)."""
+    if values is None:
+        return None
+    b, width = resp_mask.shape
     flat = resp_mask.flatten().nonzero().squeeze(-1)
-    out_lp = logp.new_zeros(b * response_width).index_put((flat,), logp).view(b, response_width)
-    out_ent = None
-    if ent is not None:
-        out_ent = ent.new_zeros(b * response_width).index_put((flat,), ent).view(b, response_width)
-    return out_lp, out_ent
+    return values.new_zeros(b * width).index_put((flat,), values).view(b, width)
 
 
 def _dropout_active(model: torch.nn.Module) -> bool:

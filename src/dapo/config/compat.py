@@ -36,9 +36,6 @@ UNIMPLEMENTED: dict[str, Unimplemented] = {
     "actor_rollout_ref.actor.strategy": Unimplemented(
         "only fsdp (torch FSDP2) is implemented", reject=True, same_as_default=("fsdp2",)
     ),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": Unimplemented(
-        "no sequence parallelism: every rank holds whole sequences"
-    ),
     "actor_rollout_ref.actor.checkpoint.save_contents": Unimplemented(
         "checkpoints always hold the model, optimizer and trainer state"
     ),

@@ -178,8 +178,9 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int | None = None
     # form micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of a row count
     use_dynamic_bsz: bool = False
-    # token budget of one micro-batch when use_dynamic_bsz
-    ppo_max_token_len_per_gpu: int = 16384
+    # token budget of one micro-batch when use_dynamic_bsz: a number of tokens, or auto (chosen from a
+    # measured probe: see trainer.auto_budget)
+    ppo_max_token_len_per_gpu: Any = 16384
     # passes over each training batch
     ppo_epochs: int = 1
     # ours: when the update is exactly on-policy, take the old log-probs from the update's own
@@ -215,7 +216,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     # clip the gradient's global norm to this before each optimizer step
     grad_clip: float = 1.0
-    # verl: sequence parallel degree
+    # verl: ranks that split each packed sequence (Ulysses sequence parallel); needs model.use_remove_padding
     ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -230,8 +231,10 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     # reference pass by token budget; the run uses rollout.log_prob_use_dynamic_bsz
     log_prob_use_dynamic_bsz: bool = False
-    # reference pass token budget; the run uses rollout.log_prob_max_token_len_per_gpu
-    log_prob_max_token_len_per_gpu: int = 16384
+    # reference pass token budget (a number or auto); the run uses rollout.log_prob_max_token_len_per_gpu
+    log_prob_max_token_len_per_gpu: Any = 16384
+    # verl interpolates it from the actor's; null here means the same (the ref shares the ranks)
+    ulysses_sequence_parallel_size: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -298,8 +301,8 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     # log-prob passes by token budget; also true when the actor's use_dynamic_bsz is
     log_prob_use_dynamic_bsz: bool = False
-    # token budget of one log-prob micro-batch
-    log_prob_max_token_len_per_gpu: int = 16384
+    # token budget of one log-prob micro-batch: a number of tokens, or auto (see trainer.auto_budget)
+    log_prob_max_token_len_per_gpu: Any = 16384
     # verl's default is false; we always keep the sampler's log-probs (they cost nothing here)
     calculate_log_probs: bool = True
     # vLLM engine settings (rollout.name=vllm; the own engine ignores them), verl's names.
@@ -449,6 +452,18 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class AutoBudgetConfig:
+    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized. ``memory_limit_gb``: what
+    the process may use (null: what the device / machine has free, the address-space limit or
+    the cgroup limit, whichever is smallest); ``margin``: the share of it kept free."""
+
+    # what the process may use in GB; null: the smallest of device/machine free memory, RLIMIT_AS, cgroup
+    memory_limit_gb: float | None = None
+    # the share of that memory kept free
+    margin: float = 0.2
+
+
+@dataclass
 class TrainerConfig:
     # passes over the training prompts (when total_training_steps is null)
     total_epochs: int = 30
@@ -496,6 +511,8 @@ class TrainerConfig:
     # ours: where actor ranks run when nnodes x n_gpus_per_node > 1: auto (processes on one node,
     # Ray across nodes) | inprocess | process | ray
     worker_backend: str = "auto"
+    # ours: how ...max_token_len_per_gpu=auto budgets are sized
+    auto_budget: AutoBudgetConfig = field(default_factory=AutoBudgetConfig)
     # verl's default is cuda; dapo runs on CPU unless told otherwise
     device: str = "cpu"
     # ours: the seed of every RNG (model init, sampler, rollout)

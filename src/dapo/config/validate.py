@@ -81,11 +81,12 @@ def validate(cfg: Any) -> list[str]:
                     f"the mini-batch of {per_rank} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
                     f"divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m}",
                 )
-    else:
-        need(
-            actor.ppo_max_token_len_per_gpu >= 1,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: must be >= 1",
-        )
+    need(
+        _budget_ok(actor.ppo_max_token_len_per_gpu),
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: must be >= 1 tokens or auto, got "
+        f"{actor.ppo_max_token_len_per_gpu!r}",
+    )
+    p.extend(_auto_budget_problems(cfg))
     need(actor.ppo_epochs >= 1, f"actor_rollout_ref.actor.ppo_epochs: must be >= 1, got {actor.ppo_epochs}")
 
     # lengths
@@ -259,6 +260,7 @@ def validate(cfg: Any) -> list[str]:
     if tr.worker_backend == "process" and tr.nnodes > 1:
         p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
     p.extend(unimplemented_problems(cfg)[0])
+    p.extend(_sequence_parallel_problems(cfg))
     return p
 
 
@@ -315,10 +317,6 @@ def _max_resp_len(cfg: Any) -> tuple[int, str]:
     return int(cfg.data.max_response_length), "data.max_response_length"
 
 
-def _dp_size(cfg: Any) -> int:
-    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-
-
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -345,3 +343,109 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
             "set algorithm.filter_groups.prefetch=false"
         )
     return p
+
+
+def _budget_ok(value: Any) -> bool:
+    if str(value) == "auto":
+        return True
+    try:
+        return int(value) >= 1 and not isinstance(value, bool)
+    except (TypeError, ValueError):
+        return False
+
+
+def _auto_budget_problems(cfg: Any) -> list[str]:
+    arr, ab = cfg.actor_rollout_ref, cfg.trainer.auto_budget
+    out = []
+    dyn = bool(arr.actor.use_dynamic_bsz)
+    if str(arr.actor.ppo_max_token_len_per_gpu) == "auto" and not dyn:
+        out.append(
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto sizes token-budget micro-batches: "
+            "set actor_rollout_ref.actor.use_dynamic_bsz=true"
+        )
+    for sec in ("rollout", "ref"):
+        v = arr[sec].log_prob_max_token_len_per_gpu
+        key = f"actor_rollout_ref.{sec}.log_prob_max_token_len_per_gpu"
+        if not _budget_ok(v):
+            out.append(f"{key}: must be >= 1 tokens or auto, got {v!r}")
+        elif str(v) == "auto" and not (dyn or arr[sec].log_prob_use_dynamic_bsz):
+            out.append(
+                f"{key}=auto sizes token-budget micro-batches: set actor_rollout_ref.{sec}.log_prob_use_dynamic_bsz=true"
+            )
+    if not 0 <= float(ab.margin) < 1:
+        out.append(f"trainer.auto_budget.margin: must be in [0, 1), got {ab.margin}")
+    if ab.memory_limit_gb is not None and float(ab.memory_limit_gb) <= 0:
+        out.append(f"trainer.auto_budget.memory_limit_gb: must be > 0 GB or null, got {ab.memory_limit_gb}")
+    return out
+
+
+def _sp_size(cfg: Any) -> int:
+    return int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size or 1)
+
+
+def _dp_size(cfg: Any) -> int:
+    """Data-parallel groups: all ranks over the Ulysses SP size (ranks of an SP group share rows)."""
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    sp = _sp_size(cfg)
+    return world // sp if sp >= 1 and world % sp == 0 else world
+
+
+def model_heads(model_path: str | None) -> tuple[int, int] | None:
+    """(num_attention_heads, num_key_value_heads) from a model directory's config.json (the
+    built-in tiny model's when ``model_path`` is None); None when it cannot be read."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    if model_path is None:
+        from dapo.model.tiny import tiny_config
+
+        params = inspect.signature(tiny_config).parameters
+        return int(params["num_attention_heads"].default), int(params["num_key_value_heads"].default)
+    f = Path(str(model_path)).expanduser() / "config.json"
+    try:
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    heads = c.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv = c.get("num_key_value_heads") or heads
+    return heads, int(kv)
+
+
+def _sequence_parallel_problems(cfg: Any) -> list[str]:
+    """verl's Ulysses rules, checked before any process starts."""
+    from dapo.distributed.ulysses import sp_problem
+
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    arr = cfg.actor_rollout_ref
+    sp = int(arr.actor.ulysses_sequence_parallel_size or 1)
+    ref_sp = getattr(arr.ref, "ulysses_sequence_parallel_size", None)
+    out = []
+    if ref_sp is not None and int(ref_sp) != sp:
+        out.append(
+            f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp}: the reference runs on the actor's "
+            f"ranks and must use the actor's SP size ({key}={sp}); remove it or set it to {sp}"
+        )
+    if sp < 1:
+        return [*out, f"{key}: must be >= 1, got {sp}"]
+    if sp == 1:
+        return out
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if world % sp:
+        out.append(
+            f"{key}={sp} must divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            "each group of that many ranks shares its rows"
+        )
+    if not arr.model.use_remove_padding:
+        out.append(
+            f"{key}={sp} splits the packed sequence: set actor_rollout_ref.model.use_remove_padding=true"
+        )
+    heads = model_heads(arr.model.path)
+    if heads is not None:
+        why = sp_problem(heads[0], heads[1], sp)
+        if why:
+            out.append(f"{key}={sp}: {why}; choose an SP size that divides the attention heads")
+    return out

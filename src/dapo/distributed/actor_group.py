@@ -64,17 +64,25 @@ class LocalActor:
     def consecutive_nonfinite(self) -> int:
         return self.actor.consecutive_nonfinite
 
+    def _auto(self, batch: Batch, kw: dict) -> dict:
+        if getattr(self.actor, "auto_log_prob", None) is not None and kw.get("use_dynamic_bsz"):
+            kw = {**kw, "max_token_len": self.actor.log_prob_budget(batch)}
+        return kw
+
     def compute_log_prob(
         self, batch: Batch, temperature: float, micro_batch_size: int, calculate_entropy=False, **kw
     ):
         return _compute_log_prob(
-            self.actor.model, batch, temperature, micro_batch_size, calculate_entropy, **kw
+            self.actor.model, batch, temperature, micro_batch_size, calculate_entropy, **self._auto(batch, kw)
         )
 
     def compute_ref_log_prob(self, batch: Batch, temperature: float, micro_batch_size: int, **kw):
         if self.ref_model is None:
             raise ValueError("no reference model")
-        return _compute_log_prob(self.ref_model, batch, temperature, micro_batch_size, **kw)
+        # the reference has the actor's architecture: the actor's measured budget fits it too
+        return _compute_log_prob(
+            self.ref_model, batch, temperature, micro_batch_size, **self._auto(batch, kw)
+        )
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
         return self.actor.update_policy(batch)
@@ -104,6 +112,15 @@ class DistributedActor:
         self.group = group
         self.world_size = group.world_size
         self.s = settings
+        # ranks r*sp .. r*sp+sp-1 form an SP group that holds the same rows: data splits go to
+        # the dp = world / sp groups
+        self.sp = max(1, int(settings.ulysses_sequence_parallel_size))
+        if self.world_size % self.sp:
+            raise ValueError(
+                f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={self.sp} must divide "
+                f"the {self.world_size} ranks"
+            )
+        self.dp = self.world_size // self.sp
         self.lr_source = lr_source
         self.rollout_model = rollout_model
         self.balance = balance
@@ -116,6 +133,8 @@ class DistributedActor:
 
     def configure(self, settings: ActorSettings) -> None:
         """New actor settings (loss mode, micro-batch sizes, ...) on the driver and every rank."""
+        if max(1, int(settings.ulysses_sequence_parallel_size)) != self.sp:
+            raise ValueError("ulysses_sequence_parallel_size is fixed when the worker group starts")
         self.s = settings
         self.group.call_all("configure", settings)
 
@@ -141,23 +160,27 @@ class DistributedActor:
 
     # ----------------------------------------------------------------- log-probs
 
+    def _per_rank(self, per_dp: list) -> list:
+        """One entry per DP group -> one per rank (the ranks of an SP group get the same)."""
+        return [per_dp[r // self.sp] for r in range(self.world_size)]
+
     def _split(self, batch: Batch, what: str) -> tuple[Batch, list[list[int]], int]:
-        padded, added = pad_to_multiple(batch, self.world_size)
+        padded, added = pad_to_multiple(batch, self.dp)
         if added:
             self._note(
                 f"pad-{what}",
-                f"distributed: {what}: {len(batch)} rows do not divide by {self.world_size} ranks; "
+                f"distributed: {what}: {len(batch)} rows do not divide by {self.dp} data-parallel groups; "
                 f"{added} zero-weight row(s) added (their results are dropped)",
             )
-        return padded, rank_partitions(row_lengths(padded), self.world_size, self.balance), added
+        return padded, rank_partitions(row_lengths(padded), self.dp, self.balance), added
 
     def _log_prob(self, batch: Batch, role: str, temperature, micro, calculate_entropy):
         n = len(batch)
         padded, parts, _ = self._split(batch, "log-prob batch")
         results = self.group.call(
             "compute_log_prob",
-            [(padded.select(p), temperature, micro, calculate_entropy, role) for p in parts],
-        )
+            self._per_rank([(padded.select(p), temperature, micro, calculate_entropy, role) for p in parts]),
+        )[:: self.sp]
         perm = torch.as_tensor([i for p in parts for i in p], dtype=torch.long)
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(len(perm))
@@ -179,8 +202,8 @@ class DistributedActor:
     # ----------------------------------------------------------------- update
 
     def plan_update(self, batch: Batch) -> list[list[Batch]]:
-        """Per rank, its piece of every mini-batch (epochs x mini-batches, in order)."""
-        s, w = self.s, self.world_size
+        """Per DP group, its piece of every mini-batch (epochs x mini-batches, in order)."""
+        s, w = self.s, self.dp
         pieces: list[list[Batch]] = [[] for _ in range(w)]
         plan = minibatch_plan(len(batch), s.ppo_mini_batch_size, s.ppo_epochs, s.shuffle, s.data_loader_seed)
         for rows in plan:
@@ -199,19 +222,19 @@ class DistributedActor:
         pieces = self.plan_update(batch)
         lr = float(self.lr_source.param_groups[0]["lr"]) if self.lr_source is not None else None
         before = self._nonfinite
-        results = self.group.call("update_policy", [(p, lr) for p in pieces])
-        metrics = combine_metrics(results)
+        results = self.group.call("update_policy", self._per_rank([(p, lr) for p in pieces]))
+        metrics = combine_metrics(results[:: self.sp])
         counters = self.group.call_all("get_counters")[0]
         self._nonfinite = int(counters["nonfinite_steps"])
         self._consecutive = int(counters["consecutive_nonfinite"])
         if self.balance:
-            padded, _ = pad_to_multiple(batch, self.world_size)
+            padded, _ = pad_to_multiple(batch, self.dp)
             lengths = row_lengths(padded)
             metrics.update(
                 balance_metrics(
                     lengths,
-                    rank_partitions(lengths, self.world_size, False),
-                    rank_partitions(lengths, self.world_size, True),
+                    rank_partitions(lengths, self.dp, False),
+                    rank_partitions(lengths, self.dp, True),
                 )
             )
         steps_taken = len(pieces[0]) - (self._nonfinite - before)

@@ -106,7 +106,7 @@ def build_actor(
         if actor is None:
             raise ValueError("the in-process backend needs the trainer's Actor")
         return LocalActor(actor, ref_model)
-    s = per_rank_settings(cfg, settings, dp, log)
+    s = per_rank_settings(cfg, settings, dp // max(1, settings.ulysses_sequence_parallel_size), log)
     factory = worker_factory(worker_spec(cfg, model_path, s, use_ref))
     nnodes = int(cfg.trainer.nnodes)
     cuda = str(cfg.trainer.device) == "cuda"
@@ -129,7 +129,12 @@ def build_actor(
                 ray.init(address=address or "auto")
             local = False
         group = ray_group.RayWorkerGroup(
-            factory, dp, num_cpus_per_worker=1, num_gpus_per_worker=1 if cuda else 0, local=local
+            factory,
+            dp,
+            num_cpus_per_worker=1,
+            num_gpus_per_worker=1 if cuda else 0,
+            local=local,
+            nnodes=1 if local else nnodes,
         )
     else:
         if nnodes > 1:

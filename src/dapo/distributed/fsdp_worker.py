@@ -12,6 +12,11 @@ The worker wraps the single-process ``dapo.actor.dp_actor`` code, unchanged:
   on the log-prob (and entropy) outputs, so each rank back-propagates
   ``agg_loss(..., dp_size, batch_num_tokens, global_batch_size)`` and FSDP's gradient average
   divides dp_size back out: token-mean stays the exact mean over the global mini-batch;
+* with ``ulysses_sequence_parallel_size`` = sp > 1, consecutive groups of sp ranks receive the
+  same rows and split each packed sequence between them (``dapo.distributed.ulysses``); counts
+  are divided by sp (each row is held sp times), and FSDP's average over all ranks sums the SP
+  ranks' partial gradients. ``use_remove_padding`` (sp = 1 too) runs the model's own forward
+  with packed attention, so FSDP's hooks gather the sharded weights;
 * old / reference log-probs run on this rank's rows;
 * ``full_state_dict`` gathers the trained weights for the rollout engine (no disk);
 * ``save_sharded`` / ``load_sharded`` write and read a torch.distributed.checkpoint directory
@@ -21,6 +26,7 @@ The worker wraps the single-process ``dapo.actor.dp_actor`` code, unchanged:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -127,6 +133,16 @@ class FSDPActorWorker:
                 world_size=world,
             )
         self.mesh = build_mesh(world, spec.fsdp_size, "cuda" if cuda else "cpu")
+        self.sp = max(1, int(spec.settings.ulysses_sequence_parallel_size))
+        if world % self.sp:
+            raise ValueError(
+                f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={self.sp} must divide the world size {world}"
+            )
+        self.sp_group = None
+        if self.sp > 1:
+            from dapo.distributed.ulysses import sp_groups
+
+            self.sp_group, _ = sp_groups(world, self.sp)
         offload = bool(spec.param_offload or spec.optimizer_offload)
         if offload and not cuda:
             self.notes.append("param/optimizer offload is a no-op on CPU (parameters already live there)")
@@ -142,9 +158,6 @@ class FSDPActorWorker:
             self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
         )
         s = spec.settings
-        if s.use_remove_padding:
-            # the packed path reads the weight tensors directly, which FSDP keeps sharded
-            self.notes.append("use_remove_padding runs the padded forward under FSDP (same values)")
         self._scale = 1.0
         self.configure(s)
         self.ref_model = None
@@ -165,7 +178,8 @@ class FSDPActorWorker:
 
     def configure(self, settings: ActorSettings) -> None:
         """(Re)build the single-process actor on this rank's model and optimizer. It sees one
-        mini-batch per call (the driver plans epochs and mini-batches) and the padded forward."""
+        mini-batch per call (the driver plans epochs and mini-batches); the packed forward is the
+        SP one (``ulysses_response_logprobs``)."""
         counters = getattr(self, "actor", None)
         dyn = settings.use_dynamic_bsz
         if dyn and self.world > 1:
@@ -183,6 +197,7 @@ class FSDPActorWorker:
             use_remove_padding=False,
             use_dynamic_bsz=dyn,
             log_prob_use_dynamic_bsz=False,
+            auto_budget=None,  # budgets only size dynamic micro-batches, which ranks do not use yet
         )
         self.actor = Actor(self.model, self.optimizer, self.settings)
         if counters is not None:
@@ -193,6 +208,14 @@ class FSDPActorWorker:
                 "dapo.actor.dp_actor.Actor no longer has _forward: update the FSDP worker's hook"
             )
         base_forward = self.actor._forward
+        self._packed = None
+        if settings.use_remove_padding or self.sp > 1:
+            # the model's own forward (FSDP's hooks gather the shards) with packed attention,
+            # the sequence split over the SP group when there is one
+            from dapo.distributed.ulysses import ulysses_response_logprobs
+
+            self._packed = functools.partial(ulysses_response_logprobs, group=self.sp_group)
+            base_forward = self._packed
 
         def scaled_forward(*args: Any, **kwargs: Any):
             # this rank's share of the global loss: see update_policy
@@ -209,6 +232,7 @@ class FSDPActorWorker:
             "world": self.world,
             "backend": dist.get_backend(),
             "mesh": tuple(self.mesh.shape),
+            "sp": self.sp,
             "init_s": self.init_s,
             "notes": self.notes,
             "pid": os.getpid(),
@@ -228,7 +252,12 @@ class FSDPActorWorker:
         if model is None:
             raise ValueError("this worker group was built without a reference model (use_ref=False)")
         lp, ent = compute_log_prob(
-            model, _to(batch, self.device), temperature, micro_batch_size, calculate_entropy
+            model,
+            _to(batch, self.device),
+            temperature,
+            micro_batch_size,
+            calculate_entropy,
+            forward=self._packed,
         )
         return lp.cpu(), (ent.cpu() if ent is not None else None)
 
@@ -249,6 +278,7 @@ class FSDPActorWorker:
             local[j, 1] = float((m.sum(-1) > 0).sum())
         glob = local.clone()
         dist.all_reduce(glob, op=dist.ReduceOp.SUM)  # exact global counts per mini-batch
+        glob /= self.sp  # the ranks of an SP group hold the same rows
         out = []
         for j, p in enumerate(pieces):
             tok_share = float(local[j, 0] / glob[j, 0]) if glob[j, 0] > 0 else 0.0

@@ -123,6 +123,11 @@ class _RayHost:
         ip = ray.util.get_node_ip_address()
         return ip, free_port(ip if ip != "127.0.0.1" else "127.0.0.1")
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def start(self, factory: WorkerFactory, rank: int, world: int, addr: str, port: int) -> int:
         self.worker = factory(rank, world, addr, port)
         return os.getpid()
@@ -140,7 +145,10 @@ class RayWorkerGroup(WorkerGroup):
     """``world_size`` Ray actors, each hosting ``factory(rank, world, addr, port)``.
 
     ``num_cpus`` / ``num_gpus`` per actor; ``local`` uses 127.0.0.1 for the rendezvous,
-    otherwise rank 0's node address."""
+    otherwise rank 0's node address. ``nnodes`` > 1 places the ranks as verl's resource pool
+    does: one placement group of ``nnodes`` bundles (one per node, ``world_size / nnodes``
+    workers' resources each) with the STRICT_SPREAD strategy, so every bundle is on another node;
+    ranks ``k * per_node .. (k + 1) * per_node - 1`` share bundle k (node-major rank order)."""
 
     def __init__(
         self,
@@ -149,6 +157,8 @@ class RayWorkerGroup(WorkerGroup):
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         local: bool = True,
+        nnodes: int = 1,
+        placement_timeout_s: float = 120.0,
     ):
         ray = _require_ray()
         if not ray.is_initialized():
@@ -157,11 +167,34 @@ class RayWorkerGroup(WorkerGroup):
             )
         t0 = time.perf_counter()
         self.world_size = world_size
+        self._pg = None
         host = ray.remote(_RayHost)
-        self._actors = [
-            host.options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker).remote()
-            for _ in range(world_size)
-        ]
+        opts = [{"num_cpus": num_cpus_per_worker, "num_gpus": num_gpus_per_worker} for _ in range(world_size)]
+        if nnodes > 1:
+            if world_size % nnodes:
+                raise ValueError(f"{world_size} ranks do not divide over trainer.nnodes={nnodes}")
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            per_node = world_size // nnodes
+            bundle = {"CPU": num_cpus_per_worker * per_node}
+            if num_gpus_per_worker:
+                bundle["GPU"] = num_gpus_per_worker * per_node
+            self._pg = ray.util.placement_group(
+                [dict(bundle) for _ in range(nnodes)], strategy="STRICT_SPREAD"
+            )
+            ready, _ = ray.wait([self._pg.ready()], timeout=placement_timeout_s)
+            if not ready:
+                ray.util.remove_placement_group(self._pg)
+                raise RuntimeError(
+                    f"ray: no {nnodes} distinct nodes with {bundle} free each within {placement_timeout_s:.0f} s "
+                    f"(trainer.nnodes={nnodes}; cluster resources: {ray.cluster_resources()})"
+                )
+            for r, o in enumerate(opts):
+                o["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=r // per_node
+                )
+        self._actors = [host.options(**o).remote() for o in opts]
+        self.node_ids = ray.get([a.node_id.remote() for a in self._actors])
         if local:
             addr, port = "127.0.0.1", free_port()
         else:
@@ -192,3 +225,6 @@ class RayWorkerGroup(WorkerGroup):
             pass
         for a in actors:
             ray.kill(a)
+        if self._pg is not None:
+            ray.util.remove_placement_group(self._pg)
+            self._pg = None
