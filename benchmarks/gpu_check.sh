@@ -79,9 +79,11 @@ step tests 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_algo_cuda.py \
 
 # ---------------------------------------------------------------- training runs
 if [ "$DRY" = 1 ]; then
-  SIZES=(data.train_batch_size=4 data.gen_batch_size=4 actor_rollout_ref.rollout.n=2
+  # the fewest rows that still make two steps and a final validation (of two prompts, one sample each)
+  SIZES=(data.train_batch_size=2 data.gen_batch_size=2 actor_rollout_ref.rollout.n=2
          actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
-         data.max_response_length=16 trainer.total_training_steps=2)
+         data.max_response_length=16 trainer.total_training_steps=2 data.val_max_samples=2
+         actor_rollout_ref.rollout.val_kwargs.n=1)
 else
   SIZES=(data.train_batch_size=32 data.gen_batch_size=32 actor_rollout_ref.rollout.n=8
          actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
