@@ -54,7 +54,8 @@ def main() -> None:
     except (RuntimeError, MemoryError) as e:
         print(json.dumps({"ok": False, "error": str(e)[:200]}))
         return
-    tokens = int(batch.tensors["attention_mask"].sum())
+    lengths = batch.tensors["attention_mask"].sum(1)
+    tokens, longest = int(lengths.sum()), int(lengths.max())
     print(
         json.dumps(
             {
@@ -62,6 +63,7 @@ def main() -> None:
                 "loss": m["actor/pg_loss"],
                 "budget": actor.s.ppo_max_token_len_per_gpu,
                 "tokens": tokens,
+                "longest": longest,
                 "logs": logs,
             }
         )

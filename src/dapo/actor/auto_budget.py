@@ -270,24 +270,18 @@ class AutoBudget:
             if timed is not None:
                 t0 = time.perf_counter()
                 total = timed(c)
-                speed = total / max(time.perf_counter() - t0, 1e-9)
-                timings.append((c, speed))
-                if speed > best[1]:
-                    best = (c, speed)
-                elif speed < 0.9 * best[1]:
-                    break
-                continue
-            rows, total = [], 0
-            for i, n in enumerate(lengths):
-                if total + n > c:
-                    break
-                rows.append(i)
-                total += n
-            rows = rows or [0]
-            total = sum(lengths[i] for i in rows)
-            probe(rows)  # warm
-            t0 = time.perf_counter()
-            probe(rows)
+            else:
+                rows, total = [], 0
+                for i, n in enumerate(lengths):
+                    if total + n > c:
+                        break
+                    rows.append(i)
+                    total += n
+                rows = rows or [0]
+                total = sum(lengths[i] for i in rows)
+                probe(rows)  # warm
+                t0 = time.perf_counter()
+                probe(rows)
             speed = total / max(time.perf_counter() - t0, 1e-9)
             timings.append((c, speed))
             if speed > best[1]:
