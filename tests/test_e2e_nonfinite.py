@@ -1,5 +1,5 @@
 """Non-finite gradients skip the optimizer step and are counted; several in a row stop the run
-with a clear error and the last checkpoint intact (issue 5)."""
+with a clear error and the last checkpoint intact."""
 
 import json
 from pathlib import Path

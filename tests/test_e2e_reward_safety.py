@@ -1,4 +1,4 @@
-"""A scorer that never returns and one that kills its own process do not stall training (issue 6)."""
+"""A scorer that never returns and one that kills its own process do not stall training."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The default preset learns: held-out accuracy rises well above the warm start (issue 2).
+"""The default preset learns: held-out accuracy rises well above the warm start.
 
 Builds the built-in tiny model on first use (a few minutes, then cached in ~/.cache/dapo),
 then runs a short form of `make demo`.

@@ -1,4 +1,4 @@
-"""Validation metrics as verl names them (VERL_SPEC section 3.8).
+"""Validation metrics as verl names them (docs/verl_compat.md, Metrics).
 
 For each data source, each variable and each prompt group of N samples: ``mean@N``,
 ``std@N`` and, when N > 1, bootstrap ``best@k`` / ``worst@k`` (and ``maj@k`` when a ``pred``

@@ -93,7 +93,7 @@ def sample_problems(pool: list[Problem], count: int, seed: int) -> list[Problem]
 
 
 def to_row(p: Problem, split: str, index: int) -> dict:
-    """One verl-schema row (VERL_SPEC section 7.1)."""
+    """One verl-schema row (docs/verl_compat.md, Data)."""
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": p.question}],

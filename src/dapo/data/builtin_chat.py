@@ -117,7 +117,7 @@ def messages(question: str) -> list[dict[str, str]]:
 
 
 def to_row(p: ChatProblem, split: str, index: int, style: int) -> dict:
-    """One verl-schema row (VERL_SPEC section 7.1)."""
+    """One verl-schema row (docs/verl_compat.md, Data)."""
     q = p.question(style)
     return {
         "data_source": DATA_SOURCE,

@@ -1,4 +1,4 @@
-"""Reading and writing verl-format parquet (VERL_SPEC section 7.1)."""
+"""Reading and writing verl-format parquet (docs/verl_compat.md, Data)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class GenerationBudgetExhausted(ValueError):
 
 
 def verl_exhausted_message(num_gen_batches: int, max_num_gen_batches: int) -> str:
-    """The recipe's error text (VERL_SPEC §1.5), verbatim."""
+    """The recipe's error text (``dapo_ray_trainer.py``), verbatim."""
     return (
         f"num_gen_batches={num_gen_batches} >= max_num_gen_batches={max_num_gen_batches}. "
         "Generated too many. Please check if your data are too difficult. "
@@ -60,7 +60,7 @@ class SampledStep:
 
     ``batch``: exactly ``train_batch_size`` groups of ``n`` trajectories (groups contiguous), fewer
     when the budget ran out with ``on_exhausted=train``, all ``gen_batch_size`` groups when
-    filtering is disabled (verl quirk Q2), ``None`` when ``action == "skip"``.
+    filtering is disabled (docs/verl_compat.md, quirk Q2), ``None`` when ``action == "skip"``.
     """
 
     batch: Batch | None

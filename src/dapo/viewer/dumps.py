@@ -1,4 +1,4 @@
-"""Lazy access to verl-format JSONL dumps (``<dir>/<step>.jsonl``, VERL_SPEC §6.1).
+"""Lazy access to verl-format JSONL dumps (``<dir>/<step>.jsonl``, docs/verl_compat.md, Dumps).
 
 Opening a directory only lists its files. Opening a step scans its file once for line offsets
 (bytes, no JSON parsing); a row is parsed when it is shown (a small cache keeps recent rows).
