@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-vllm demo test lint clean-venv browser sandbox
+.PHONY: venv venv-vllm demo test test-fast lint clean-venv browser sandbox
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -58,6 +58,10 @@ sandbox:
 
 test: venv-vllm browser sandbox
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# every test but the end-to-end runs marked slow
+test-fast: venv-vllm browser sandbox
+	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
