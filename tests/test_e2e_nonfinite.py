@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from dapo.checkpoint import find_resume_checkpoint
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

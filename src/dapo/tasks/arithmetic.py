@@ -127,3 +127,15 @@ def task_fingerprint(train_size: int = 1200, test_size: int = 256, seed: int = 0
     sample = sample_problems(train_pool, 16, seed) + sample_problems(test_pool, 16, seed)
     text = repr((TIER_WEIGHTS, train_size, test_size, seed, len(train_pool), [p.question for p in sample]))
     return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def ensure_task(log=lambda line: None) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
+    from dapo.tasks.cache import cache_dir, ensure_built
+
+    fingerprint = task_fingerprint()
+    d = cache_dir() / "data" / f"arithmetic-{fingerprint}"
+    ensure_built(
+        d, lambda tmp: (write_task(tmp), {"fingerprint": fingerprint})[1], log, record="dapo_task.json"
+    )
+    return d / "train.parquet", d / "test.parquet"

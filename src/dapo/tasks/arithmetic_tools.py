@@ -14,7 +14,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from dapo.data.builtin import DATA_SOURCE, Problem, split_problems
+from dapo.tasks.arithmetic import DATA_SOURCE, Problem, split_problems
 
 TOOL_NAME = "calculator"
 # share of each kind in the generated data
@@ -72,8 +72,13 @@ def tool_task_fingerprint(train_size: int = 3000, test_size: int = 128, seed: in
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def ensure_tool_task() -> tuple[Path, Path]:
-    """The task's parquet files in the dapo cache, written on first use."""
-    from dapo.data.parquet import cached_train_test
+def ensure_tool_task(log=lambda line: None) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
+    from dapo.tasks.cache import cache_dir, ensure_built
 
-    return cached_train_test(f"arithmetic-tools-{tool_task_fingerprint()}", write_tool_task)
+    fingerprint = tool_task_fingerprint()
+    d = cache_dir() / "data" / f"arithmetic-tools-{fingerprint}"
+    ensure_built(
+        d, lambda tmp: (write_tool_task(tmp), {"fingerprint": fingerprint})[1], log, record="dapo_task.json"
+    )
+    return d / "train.parquet", d / "test.parquet"
