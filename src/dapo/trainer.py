@@ -48,12 +48,14 @@ from dapo.reward.factory import build_reward_manager
 from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
+from dapo.run_records import GroupRecorder
 from dapo.sampling.batcher import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
 from dapo.signals import GracefulStop
 from dapo.tracking import build_trackers, write_summary
 from dapo.trainer_state import resume_trainer, save_trainer
 from dapo.validation import validation_metrics
+from dapo.viewer.report import refresh_report
 
 MAX_CONSECUTIVE_NONFINITE = 3
 
@@ -109,8 +111,6 @@ class Trainer:
             experiment_name=tr.experiment_name,
             config=self.cfg,
         )
-        from dapo.viewer.records import GroupRecorder
-
         self.group_recorder = GroupRecorder.from_config(self.run_dir, self.cfg)
         self.global_step = 0
         self.steps_run = self.updates = 0  # by this invocation (a resumed run counts from its resume)
@@ -222,7 +222,7 @@ class Trainer:
                     metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
-                self.group_recorder.step_done(self.global_step, is_last=is_last)
+                refresh_report(self.run_dir, self.global_step, tr.report_freq, is_last, log=self.print)
                 if stop.requested:
                     if not saved:  # the stop came while the step was being logged (a closed console)
                         self.step_row = dict(metrics)

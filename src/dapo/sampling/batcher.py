@@ -24,6 +24,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
+from dapo.run_records import FATES
 from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
 
@@ -136,15 +137,6 @@ class _Stats:
                     "response_lengths": None if lengths is None else [lengths[i] for i in rows],
                 }
             )
-
-
-# the fate of a generated group as the viewer names it (the dynamic_sampling/* metric names)
-FATES = {
-    KEPT: "kept",
-    ALL_CORRECT: "filtered_all_correct",
-    ALL_WRONG: "filtered_all_wrong",
-    OUT_OF_BAND: "filtered_out_of_band",
-}
 
 
 def _correct_values(b: Batch) -> list[float] | None:

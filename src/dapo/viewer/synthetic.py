@@ -18,9 +18,9 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import FilterGroupsConfig
+from dapo.run_records import GroupRecorder
 from dapo.sampling import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource
-from dapo.viewer.records import GroupRecorder
 
 
 def _question(i: int) -> tuple[str, int]:
