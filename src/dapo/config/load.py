@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from dapo.config.schema import DapoConfig
 
@@ -225,7 +225,3 @@ def _apply_aliases(cfg: DictConfig) -> list[str]:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg)
-
-
-def as_container(cfg: DictConfig | ListConfig) -> Any:
-    return OmegaConf.to_container(cfg, resolve=True)

@@ -135,13 +135,6 @@ def minibatch_plan(
     return plan
 
 
-def per_rank_sizes(global_size: int, dp_size: int, key: str) -> int:
-    """verl's per-GPU normalisation (docs/verl_compat.md, Batch sizes): a global size divided by the DP size."""
-    if global_size % dp_size:
-        raise ValueError(f"{key}={global_size} must be divisible by the data-parallel size {dp_size}")
-    return global_size // dp_size
-
-
 def balance_metrics(lengths: Sequence[int], before: list[list[int]], after: list[list[int]]) -> dict:
     """verl's ``global_seqlen/*``: per-rank sums of L before (contiguous chunks) and after."""
     b = [sum(lengths[i] for i in p) for p in before]

@@ -60,10 +60,6 @@ SFT_LR = 3e-3
 MAX_POSITIONS = 256
 
 
-def _schemas() -> list[dict]:
-    return [CalculatorTool().get_openai_tool_schema()]
-
-
 class ContextRenderer:
     """Context tokens exactly as the RL loop builds them (:class:`MultiTurnRollout` with the
     tokenizer as ``load_tokenizer`` reloads it from the model directory): the prompt with the
