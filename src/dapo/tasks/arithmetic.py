@@ -10,6 +10,7 @@ Answers are graded by the math_dapo rules: the response must end with ``Answer: 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,13 +130,8 @@ def task_fingerprint(train_size: int = 1200, test_size: int = 256, seed: int = 0
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def ensure_task(log=lambda line: None) -> tuple[Path, Path]:
+def ensure_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
     """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
-    from dapo.tasks.cache import cache_dir, ensure_built
+    from dapo.tasks.cache import ensure_task_files
 
-    fingerprint = task_fingerprint()
-    d = cache_dir() / "data" / f"arithmetic-{fingerprint}"
-    ensure_built(
-        d, lambda tmp: (write_task(tmp), {"fingerprint": fingerprint})[1], log, record="dapo_task.json"
-    )
-    return d / "train.parquet", d / "test.parquet"
+    return ensure_task_files("arithmetic", task_fingerprint(), write_task, log)

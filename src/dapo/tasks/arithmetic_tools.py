@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from dapo.tasks.arithmetic import DATA_SOURCE, Problem, split_problems
@@ -72,13 +73,8 @@ def tool_task_fingerprint(train_size: int = 3000, test_size: int = 128, seed: in
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def ensure_tool_task(log=lambda line: None) -> tuple[Path, Path]:
+def ensure_tool_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
     """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
-    from dapo.tasks.cache import cache_dir, ensure_built
+    from dapo.tasks.cache import ensure_task_files
 
-    fingerprint = tool_task_fingerprint()
-    d = cache_dir() / "data" / f"arithmetic-tools-{fingerprint}"
-    ensure_built(
-        d, lambda tmp: (write_tool_task(tmp), {"fingerprint": fingerprint})[1], log, record="dapo_task.json"
-    )
-    return d / "train.parquet", d / "test.parquet"
+    return ensure_task_files("arithmetic-tools", tool_task_fingerprint(), write_tool_task, log)

@@ -26,7 +26,7 @@ from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
 from dapo.optim import sft_optimizer, sft_step
 from dapo.tasks.arithmetic import TIER_WEIGHTS, Problem, split_problems
-from dapo.tasks.cache import cache_dir, ensure_built
+from dapo.tasks.cache import ensure_model
 
 TINY_NAME = "tiny-arith"
 # Probability that a warm-start target is the right answer, by tier. Hard products are
@@ -93,8 +93,9 @@ def recipe_fingerprint() -> str:
 
 def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started tiny model, building it if absent."""
-    target = cache_dir() / "models" / f"{TINY_NAME}-{recipe_fingerprint()}"
-    return ensure_built(target, lambda tmp: build_tiny_model(tmp, log=log), log, force)
+    return ensure_model(
+        TINY_NAME, recipe_fingerprint(), lambda tmp: build_tiny_model(tmp, log=log), log, force
+    )
 
 
 def build_tiny_model(

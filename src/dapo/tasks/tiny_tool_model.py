@@ -184,10 +184,10 @@ def recipe_fingerprint() -> str:
 
 def ensure_tiny_tool_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started tool model, building it if absent."""
-    from dapo.tasks.cache import cache_dir, ensure_built
+    from dapo.tasks.cache import ensure_model
 
-    target = cache_dir() / "models" / f"{TOOL_MODEL_NAME}-{recipe_fingerprint()}"
-    return ensure_built(target, lambda tmp: build_tiny_tool_model(tmp, log=log), log, force)
+    build = lambda tmp: build_tiny_tool_model(tmp, log=log)  # noqa: E731
+    return ensure_model(TOOL_MODEL_NAME, recipe_fingerprint(), build, log, force)
 
 
 def build_tiny_tool_model(
