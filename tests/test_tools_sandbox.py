@@ -195,6 +195,7 @@ def test_weak_mode_warning_is_repeated_in_the_train_log_every_step(
             "trainer.test_freq=0",
             "trainer.save_freq=0",
             "data.max_response_length=32",
+            "reward_model.overlong_buffer.len=8",
         )
     )
     assert rc == 0
