@@ -271,10 +271,10 @@ def _main(argv: list[str] | None) -> int:
     import logging
 
     from dapo.checkpoint import CheckpointError
+    from dapo.errors import TrainingError
     from dapo.rollout.vllm_rollout import WeightSyncError
     from dapo.rundir import RunDirError
     from dapo.tracking import TrackerUnavailable
-    from dapo.trainer import TrainingError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()

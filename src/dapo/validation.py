@@ -98,3 +98,11 @@ def validation_metrics(batch: Any, extra: dict[str, list]) -> dict[str, float]:
         out["val/acc"] = float(np.mean(acc))
     out.update(turn_metrics)
     return out
+
+
+def final_validation_note(test_freq: int) -> str:
+    """What a run with periodic validation off is told once: it still validates after its last step."""
+    return (
+        f"note: trainer.test_freq={test_freq} turns periodic validation off; validation still runs once "
+        "after the last step, so summary.json has a final accuracy (verl would skip it)"
+    )
