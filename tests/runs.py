@@ -48,7 +48,7 @@ def write_tiny_random_model(out: Path, tokenizer=None) -> Path:
 
 def write_mod3_task(d: Path) -> tuple[Path, Path, Path]:
     """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward."""
-    from dapo.data.builtin import write_task
+    from dapo.tasks.arithmetic import write_task
 
     train, test = write_task(Path(d) / "data", train_size=64, test_size=8)
     reward = Path(d) / "reward.py"
@@ -106,7 +106,7 @@ def small_run_args(run_dir, model_dir, task, steps: int, *extra: str) -> list[st
 def tool_run_args(run_dir, model_dir, steps: int, *extra: str) -> list[str]:
     """`dapo train --config-name tools` of ``model_dir`` on the built-in tool task: 2 prompts x 2
     samples a step, no validation before training, dynamic sampling off, one torch thread."""
-    from dapo.data.builtin_tools import ensure_tool_task
+    from dapo.tasks.arithmetic_tools import ensure_tool_task
 
     train, test = ensure_tool_task()
     return [

@@ -1,4 +1,4 @@
-"""Advantage estimators: hand-computed vectors, VERL_SPEC Appendix A, registry, invariants."""
+"""Advantage estimators: hand-computed vectors, verl 0.9.1 vectors (docs/verl_compat.md, Test vectors), registry, invariants."""
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from dapo.algo.advantages import (
 
 torch.set_num_threads(1)
 
-# Six responses, T = 4. Outcome reward sits on the last valid token (VERL_SPEC 3.1).
+# Six responses, T = 4. Outcome reward sits on the last valid token (docs/verl_compat.md, Rewards).
 LENGTHS = [3, 2, 4, 1, 2, 3]
 SCORES = [1.0, 0.0, 0.5, 1.0, 1.0, 0.2]
 GROUPS = np.array(list("aaabbc"), dtype=object)

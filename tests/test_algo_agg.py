@@ -1,4 +1,4 @@
-"""agg_loss: VERL_SPEC Appendix A vectors, and exactness under micro-batching and padding."""
+"""agg_loss: verl 0.9.1 vectors (docs/verl_compat.md), and exactness under micro-batching and padding."""
 
 import pytest
 import torch

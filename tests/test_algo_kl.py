@@ -1,4 +1,4 @@
-"""KL estimators (VERL_SPEC 3.6 / Appendix A), straight-through forms, in-reward KL, controllers."""
+"""KL estimators (verl 0.9.1 vectors, docs/verl_compat.md), straight-through forms, in-reward KL, controllers."""
 
 import math
 

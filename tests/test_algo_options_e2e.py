@@ -1,4 +1,4 @@
-"""Every algorithm option is reachable from `dapo train` and runs a step (issue 3)."""
+"""Every algorithm option is reachable from `dapo train` and runs a step."""
 
 import json
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

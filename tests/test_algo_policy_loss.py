@@ -1,4 +1,4 @@
-"""Policy losses: VERL_SPEC Appendix A, hand vectors per mode, clip/dual-clip invariants."""
+"""Policy losses: verl 0.9.1 vectors (docs/verl_compat.md), hand vectors per mode, clip/dual-clip invariants."""
 
 import math
 

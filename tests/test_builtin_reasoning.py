@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from dapo.data.builtin_reasoning import (
+from dapo.reward.scorers import default_compute_score
+from dapo.tasks.reasoning import (
     MAX_STEPS,
     MIN_STEPS,
     Chain,
@@ -15,7 +16,6 @@ from dapo.data.builtin_reasoning import (
     to_row,
     working,
 )
-from dapo.reward.scorers import default_compute_score
 
 
 def test_hand_chain_question_working_and_grade():
@@ -65,7 +65,7 @@ def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
 
 
 def test_warm_start_teaches_the_format_not_the_skill():
-    from dapo.model.tiny_reasoning import noisy_values, warm_start_target
+    from dapo.tasks.tiny_reasoning_model import noisy_values, warm_start_target
 
     rng = random.Random(0)
     chains = make_chains(160, 5)
@@ -87,7 +87,7 @@ def test_warm_start_teaches_the_format_not_the_skill():
 
 def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):
     from dapo.cli import main
-    from dapo.model.tiny_reasoning import build_reasoning_model
+    from dapo.tasks.tiny_reasoning_model import build_reasoning_model
 
     monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "model"

@@ -47,6 +47,7 @@ def test_each_null_rule_by_hand():
     r, a = c.actor_rollout_ref.rollout, c.actor_rollout_ref.actor
     assert (r.prompt_length, r.response_length) == (7, 9)
     assert c.actor_rollout_ref.model.tokenizer_path == "/m"
+    assert (r.tensor_model_parallel_size, r.seed) == (1, 5)  # vLLM's: one TP rank, the run's seed
     assert (a.clip_ratio_low, a.clip_ratio_high) == (0.1, 0.1)
     assert a.ppo_micro_batch_size_per_gpu == 12  # one micro-batch per mini-batch: 4 prompts x 3
     assert r.log_prob_micro_batch_size_per_gpu == 12 and r.log_prob_use_dynamic_bsz is True

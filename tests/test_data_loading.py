@@ -4,9 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo.data.builtin import all_problems, split_problems, write_task
 from dapo.data.dataset import PromptSampler, load_prompts, truncate
 from dapo.data.parquet import DataError, read_rows, write_rows
+from dapo.tasks.arithmetic import all_problems, split_problems, write_task
 
 
 def _row(q="1+1=", gt="2", ds="arithmetic"):

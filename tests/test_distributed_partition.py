@@ -204,7 +204,7 @@ def test_builder_world_one_is_the_local_actor_and_sizes_per_rank(tiny_random_mod
     built = build_actor(cfg, model_path=str(tiny_random_model_dir), settings=s, actor=a)
     assert isinstance(built, LocalActor) and built.actor is a
     logs: list[str] = []
-    per = per_rank_settings(cfg, s, 5, log=logs.append)  # VERL_SPEC 5.1: global micro sizes / DP
+    per = per_rank_settings(cfg, s, 5, log=logs.append)  # verl: global micro sizes / DP
     assert (per.ppo_micro_batch_size, per.log_prob_micro_batch_size) == (1, 1)
     assert per.ppo_mini_batch_size == 12 and "does not divide by 5" in logs[0]
     per2 = per_rank_settings(cfg, s, 2, log=logs.append)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

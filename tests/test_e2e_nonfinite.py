@@ -1,5 +1,5 @@
 """Non-finite gradients skip the optimizer step and are counted; several in a row stop the run
-with a clear error and the last checkpoint intact (issue 5)."""
+with a clear error and the last checkpoint intact."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from dapo.checkpoint import find_resume_checkpoint
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -1,10 +1,10 @@
-"""A scorer that never returns and one that kills its own process do not stall training (issue 6)."""
+"""A scorer that never returns and one that kills its own process do not stall training."""
 
 import json
 from pathlib import Path
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

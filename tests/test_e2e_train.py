@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dapo.cli import main
-from dapo.data.builtin import write_task
+from dapo.tasks.arithmetic import write_task
 from runs import tool_run_args, train_args
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from dapo.data.builtin_chat import (
+from dapo.data.parquet import read_rows
+from dapo.reward.scorers import scorer_for
+from dapo.tasks.arithmetic_chat import (
     EXAMPLE,
     SYSTEM,
     ChatProblem,
@@ -14,8 +16,6 @@ from dapo.data.builtin_chat import (
     summarize_dumps,
     write_chat_task,
 )
-from dapo.data.parquet import read_rows
-from dapo.reward.scorers import scorer_for
 
 
 def test_rows_are_verl_schema_and_graded_by_math_dapo(tmp_path):

@@ -1,7 +1,7 @@
-"""The default preset learns: held-out accuracy rises well above the warm start (issue 2).
+"""The default preset learns: held-out accuracy rises well above the warm start.
 
-Builds the built-in tiny model on first use (a few minutes, then cached in ~/.cache/dapo),
-then runs a short form of `make demo`.
+Builds the built-in tiny model on first use (a few minutes; the test session keeps it in its
+own cache, see conftest.py), then runs a short form of `make demo`.
 """
 
 import json

@@ -2,83 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
-from dapo.rollout.hf import RolloutOutput, SamplingParams
+from dapo.rollout.hf import SamplingParams
 from dapo.rollout.multiturn import MultiTurnRollout, MultiTurnSettings, multiturn_metrics, truncate_tool_text
 from dapo.tools import CalculatorTool, Gsm8kTool
 from dapo.tools.parser import format_hermes_call
-from dapo.tools.template import build_tool_tokenizer
+from fixtures.multiturn_helpers import CALL, TOK, calc_then_answer, rollout, rows, text
 
 torch.set_num_threads(1)
-
-TOK = build_tool_tokenizer()
-CALL = format_hermes_call("calculator", {"expression": "37*48"})
-
-
-class ScriptedEngine:
-    """A stand-in for HFRollout: the reply is a function of the decoded context."""
-
-    pad_token_id = TOK.pad_token_id
-
-    def __init__(self, policy: Callable[[str], str]):
-        self.policy = policy
-        self.calls: list[tuple[int, int]] = []  # (rows, response_length) per generate call
-
-    def generate(self, prompt_ids, params: SamplingParams, prompt_width=None) -> RolloutOutput:
-        R, n = params.response_length, params.n
-        rows = [p for p in prompt_ids for _ in range(n)]
-        self.calls.append((len(rows), R))
-        width = max(len(p) for p in rows)
-        prompts = torch.full((len(rows), width), TOK.pad_token_id)
-        responses = torch.full((len(rows), R), TOK.pad_token_id)
-        mask = torch.zeros((len(rows), R), dtype=torch.long)
-        truncated = torch.zeros(len(rows), dtype=torch.bool)
-        for i, p in enumerate(rows):
-            prompts[i, width - len(p) :] = torch.as_tensor(p)
-            reply = TOK(self.policy(TOK.decode(p)), add_special_tokens=False)["input_ids"] + [
-                TOK.eos_token_id
-            ]
-            if len(reply) > R:
-                reply, truncated[i] = reply[:R], True
-            responses[i, : len(reply)] = torch.as_tensor(reply)
-            mask[i, : len(reply)] = 1
-        return RolloutOutput(prompts, responses, mask, mask * -0.5, truncated)
-
-
-def rows(k: int = 1, extra: dict | None = None) -> list[dict]:
-    return [
-        {
-            "index": i,
-            "prompt_ids": [],
-            "raw_prompt": [{"role": "user", "content": "37*48="}],
-            "data_source": "arithmetic",
-            "reward_model": {"ground_truth": "1776"},
-            "extra_info": dict(extra or {}),
-        }
-        for i in range(k)
-    ]
-
-
-def calc_then_answer(ctx: str) -> str:
-    """Call the calculator once, then answer with what it said."""
-    if "<|tool|>" not in ctx:
-        return CALL
-    return "Answer: " + ctx.split("<|tool|>")[-1].split("<|end|>")[0]
-
-
-def rollout(policy, settings=None, tools=None, R=200, n=1, k=1, extra=None, P=64):
-    eng = ScriptedEngine(policy)
-    mt = MultiTurnRollout(eng, TOK, tools or [CalculatorTool()], settings or MultiTurnSettings())
-    out, info = mt.generate(rows(k, extra), SamplingParams(n=n, response_length=R), prompt_width=P)
-    return mt, eng, out, info
-
-
-def text(ids) -> str:
-    return TOK.decode([int(x) for x in ids if int(x) != TOK.pad_token_id])
 
 
 def test_two_turn_sample_masks_tool_tokens_zero():

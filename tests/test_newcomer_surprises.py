@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from dapo.cli import main
 from dapo.config.load import load_config
-from dapo.data.builtin import write_task
 from dapo.data.parquet import read_rows, write_rows
+from dapo.tasks.arithmetic import write_task
 from runs import train_args
 
 

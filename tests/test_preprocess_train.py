@@ -1,4 +1,4 @@
-"""Each `dapo preprocess` format's output is accepted by `dapo train`, which runs a step on it (issue 6)."""
+"""Each `dapo preprocess` format's output is accepted by `dapo train`, which runs a step on it."""
 
 import json
 from pathlib import Path

@@ -3,18 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("matplotlib", reason="the report needs the 'report' extra (matplotlib)")
 
-_spec = importlib.util.spec_from_file_location(
-    "screenshot_report", Path(__file__).with_name("screenshot_report.py")
-)
-shot = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(shot)
+import screenshot_report as shot  # noqa: E402  (after the skip: it imports the report)
 
 
 @pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""DAPO / naive reward managers: placement, overlong shaping (VERL_SPEC Appendix A), extra info,
+"""DAPO / naive reward managers: placement, overlong shaping (verl 0.9.1 vectors, docs/verl_compat.md), extra info,
 custom and multi-objective reward functions, config building and validation."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scorers against verl 0.9.1 vectors (VERL_SPEC Appendix A) and their own rules."""
+"""Scorers against verl 0.9.1 vectors (docs/verl_compat.md, Test vectors) and their own rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""strategy=verl reproduces the recipe's accumulator (VERL_SPEC §1.3-1.5, Appendix B) exactly."""
+"""strategy=verl reproduces the recipe's accumulator exactly (docs/verl_compat.md, The loop and dynamic sampling)."""
 
 from __future__ import annotations
 

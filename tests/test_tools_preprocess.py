@@ -47,7 +47,7 @@ def test_cli_lists_the_tool_formats():
 
 
 def test_builtin_tool_task(tmp_path):
-    from dapo.data.builtin_tools import write_tool_task
+    from dapo.tasks.arithmetic_tools import write_tool_task
 
     train, test = write_tool_task(tmp_path, train_size=200, test_size=40)
     tr, te = read_rows(train), read_rows(test)

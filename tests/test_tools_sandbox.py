@@ -6,7 +6,6 @@ limits, in the weak mode too. The adversarial suite is tests/test_tools_sandbox_
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from dapo.rollout.multiturn import MultiTurnRollout
 from dapo.tools import CodeInterpreterTool, load_tool_config, sandbox
 from dapo.tools.parser import format_hermes_call
 from dapo.tools.sandbox import SandboxLimits, network_namespace_available, os_boundary_problem, run_python
+from fixtures.multiturn_helpers import TOK, ScriptedEngine, rows
 from runs import tool_run_args
 
 torch.set_num_threads(1)
@@ -46,17 +46,6 @@ ESCAPES = {
     "kill the parent": ("import os\nos.kill(os.getppid(), 9)", "refused"),
     "flood the output": ("while True:\n    print('y' * 10000)", "output_limit"),
 }
-
-
-@functools.cache
-def _load_multiturn_helpers():
-    import importlib.util
-
-    path = Path(__file__).with_name("test_multiturn_rollout.py")
-    spec = importlib.util.spec_from_file_location("_multiturn_helpers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("weak", MODES)
@@ -140,8 +129,7 @@ def test_without_bubblewrap_the_code_tool_refuses_to_start_unless_weak_is_chosen
     weak_cfg.write_text("tools:\n  - class_name: code_interpreter\n    config: {allow_weak_sandbox: true}\n")
     assert validate(load_config([f"{key}={weak_cfg}"], preset="tools")) == []
     (tool,) = load_tool_config(weak_cfg)
-    helpers = _load_multiturn_helpers()
-    mt = MultiTurnRollout(helpers.ScriptedEngine(lambda ctx: ""), helpers.TOK, [tool])
+    mt = MultiTurnRollout(ScriptedEngine(lambda ctx: ""), TOK, [tool])
     (warning,) = mt.step_warnings()
     assert warning.startswith("warning: code_interpreter runs model-written code WITHOUT an OS sandbox")
     assert "allow_weak_sandbox: true" in warning
@@ -158,8 +146,6 @@ def test_with_bubblewrap_the_code_tool_has_no_step_warning():
 
 def test_escapes_in_a_rollout_are_counted_and_the_step_goes_on():
     """A batch where every sample tries something forbidden still completes and counts each."""
-    helpers = _load_multiturn_helpers()
-    TOK, ScriptedEngine, rows = helpers.TOK, helpers.ScriptedEngine, helpers.rows
 
     attempts = [
         ESCAPES[k][0] for k in ("infinite loop", "unbounded allocation", "fork", "write outside", "socket")
@@ -209,6 +195,7 @@ def test_weak_mode_warning_is_repeated_in_the_train_log_every_step(
             "trainer.test_freq=0",
             "trainer.save_freq=0",
             "data.max_response_length=32",
+            "reward_model.overlong_buffer.len=8",
         )
     )
     assert rc == 0

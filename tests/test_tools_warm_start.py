@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from dapo.data.builtin import Problem
-from dapo.tools import tiny_model as tm
+from dapo.tasks import tiny_tool_model as tm
+from dapo.tasks.arithmetic import Problem
 from dapo.tools.template import build_tool_tokenizer
 
 torch.set_num_threads(1)

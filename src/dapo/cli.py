@@ -180,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_arithmetic(args: argparse.Namespace) -> int:
-    from dapo.data.builtin import write_task
+    from dapo.tasks.arithmetic import write_task
 
     train, test = write_task(
         args.output, train_size=args.train_size, test_size=args.test_size, seed=args.seed
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data_arithmetic)
     _register_optional(data, "dapo.data.check")
-    _register_optional(data, "dapo.data.builtin_chat")
+    _register_optional(data, "dapo.tasks.arithmetic_chat")
 
     _register_optional(sub, "dapo.data.preprocess")
     _register_optional(sub, "dapo.viewer")
@@ -271,10 +271,10 @@ def _main(argv: list[str] | None) -> int:
     import logging
 
     from dapo.checkpoint import CheckpointError
+    from dapo.errors import TrainingError
     from dapo.rollout.vllm_rollout import WeightSyncError
     from dapo.rundir import RunDirError
     from dapo.tracking import TrackerUnavailable
-    from dapo.trainer import TrainingError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()

@@ -1,8 +1,8 @@
-"""Rollout and validation dumps: ``<dir>/<step>.jsonl``, verl's format (VERL_SPEC §6.1).
+"""Rollout and validation dumps: ``<dir>/<step>.jsonl``, verl's format (docs/verl_compat.md, Dumps).
 
 One JSON object per trajectory with ``input``, ``output``, ``gts``, ``score``, ``step`` and every
 reward-extra key whose list has one value per row (extra keys overwrite base keys of the same
-name, as in verl). Unlike verl (quirk Q3) the caller passes the extras of the batch that was
+name, as in verl). Unlike verl (docs/verl_compat.md, quirk Q3) the caller passes the extras of the batch that was
 trained, so rows stay aligned; a key with the wrong length is left out and reported.
 """
 

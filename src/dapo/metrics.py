@@ -1,4 +1,4 @@
-"""Per-step data and timing metrics with verl's names (VERL_SPEC sections 1.6, 1.7, 3.7)."""
+"""Per-step data and timing metrics with verl's names (docs/verl_compat.md, Metrics)."""
 
 from __future__ import annotations
 

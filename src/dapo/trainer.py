@@ -1,13 +1,6 @@
-"""The training loop, and nothing else: a single controller that calls the workers.
-
-One step: the dynamic batcher collects ``train_batch_size`` groups (rollout + reward per
-round), the actor recomputes old log-probs, advantages are computed per group, the actor
-updates, metrics are logged. Training steps (not generation rounds) drive the counter,
-the LR schedule and ``total_training_steps``; timers and metrics accumulate over every
-generation round of a step. What the loop calls is built beside what it builds:
-:func:`dapo.model.loader.build_policy`, :class:`dapo.rollout.runner.RolloutRunner`,
-:func:`dapo.data.dataset.build_prompt_data`, :func:`dapo.reward.factory.build_reward_manager`,
-:func:`dapo.optim.build_optimizer`; checkpoints are :mod:`dapo.trainer_state`.
+"""The training loop, and nothing else: one step collects ``train_batch_size`` groups (the dynamic
+batcher's rollout + reward rounds), fills old/ref log-probs, computes advantages, updates the actor
+and logs. What it calls is built beside what it builds; docs/architecture.md walks through a step.
 """
 
 from __future__ import annotations
@@ -26,11 +19,9 @@ import torch
 from rich.console import Console
 
 from dapo.actor.dp_actor import Actor, actor_settings_from_config
-from dapo.actor.old_log_prob import BYPASS, RECOMPUTE, old_log_prob_source
+from dapo.actor.old_log_prob import compute_old_and_ref
 from dapo.algo.advantages import get_adv_estimator_fn
-from dapo.algo.agg import agg_loss
 from dapo.algo.kl import get_kl_controller
-from dapo.algo.rollout_correction import apply_rollout_correction
 from dapo.batch import Batch
 from dapo.checkpoint import save_model_dir
 from dapo.config.load import ConfigError, to_yaml
@@ -39,6 +30,7 @@ from dapo.config.validate import validate
 from dapo.data.dataset import build_prompt_data
 from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.dumps import dump_batch, turn_keys
+from dapo.errors import check_nonfinite
 from dapo.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.model.loader import build_policy
 from dapo.optim import build_optimizer
@@ -48,24 +40,14 @@ from dapo.reward.factory import build_reward_manager
 from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
+from dapo.run_records import GroupRecorder
 from dapo.sampling.batcher import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
 from dapo.signals import GracefulStop
 from dapo.tracking import build_trackers, write_summary
 from dapo.trainer_state import resume_trainer, save_trainer
-from dapo.validation import validation_metrics
-
-MAX_CONSECUTIVE_NONFINITE = 3
-
-
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message says why and how to continue."""
+from dapo.validation import final_validation_note, validation_metrics
+from dapo.viewer.report import refresh_report
 
 
 class Trainer:
@@ -84,7 +66,10 @@ class Trainer:
         tr = cfg.trainer
         if tr.torch_threads and tr.torch_threads > 0:
             torch.set_num_threads(int(tr.torch_threads))
-        set_seed(int(tr.seed))
+        seed = int(tr.seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # the resolved configuration of this run (of its latest start, for a resumed run)
@@ -109,8 +94,6 @@ class Trainer:
             experiment_name=tr.experiment_name,
             config=self.cfg,
         )
-        from dapo.viewer.records import GroupRecorder
-
         self.group_recorder = GroupRecorder.from_config(self.run_dir, self.cfg)
         self.global_step = 0
         self.steps_run = self.updates = 0  # by this invocation (a resumed run counts from its resume)
@@ -178,10 +161,7 @@ class Trainer:
         self.validation = {"before": before, "last": self.validation["last"] or before}
         last_val = self.validation["last"]
         if tr.test_freq <= 0 and self.val_rows and self.global_step < self.total_training_steps:
-            self.print(
-                f"note: trainer.test_freq={tr.test_freq} turns periodic validation off; validation still runs "
-                "once after the last step, so summary.json has a final accuracy (verl would skip it)"
-            )
+            self.print(final_validation_note(tr.test_freq))
         with (
             GracefulStop(self.print) as stop,
             StepProgress(
@@ -194,8 +174,7 @@ class Trainer:
                 self.steps_run += 1
                 with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
                     metrics = self._train_step(progress)
-                mt = self.rollout.multi_turn
-                for line in mt.step_warnings() if mt is not None else []:
+                for line in self.rollout.step_warnings():
                     self.print(line)
                 if self.prefetcher.error is not None:
                     self._log(metrics, step=self.global_step)
@@ -222,7 +201,7 @@ class Trainer:
                     metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
-                self.group_recorder.step_done(self.global_step, is_last=is_last)
+                refresh_report(self.run_dir, self.global_step, tr.report_freq, is_last, log=self.print)
                 if stop.requested:
                     if not saved:  # the stop came while the step was being logged (a closed console)
                         self.step_row = dict(metrics)
@@ -268,12 +247,7 @@ class Trainer:
                 if prefetching:
                     with self.timer("wait_prefetch"):
                         self.prefetcher.wait()
-            if self.actor.consecutive_nonfinite >= MAX_CONSECUTIVE_NONFINITE:
-                raise TrainingError(
-                    f"{self.actor.consecutive_nonfinite} optimizer steps in a row had a non-finite gradient norm "
-                    f"(step {self.global_step}); the last checkpoint in {self.run_dir} is intact. Lower "
-                    "actor_rollout_ref.actor.optim.lr or check the data, then run the same command to resume"
-                )
+            check_nonfinite(self.actor.consecutive_nonfinite, self.global_step, self.run_dir)
             if self.cfg.trainer.rollout_data_dir:
                 with self.timer("dump_rollout_generations"):
                     self._dump(self.cfg.trainer.rollout_data_dir, batch, ctx.reward_extra_keys)
@@ -316,49 +290,14 @@ class Trainer:
         )
 
     def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
-        s = self.settings
-        metrics: dict[str, float] = {}
-        source = self._old_log_prob_source(batch)
-        if source == BYPASS:
-            batch.tensors["old_log_probs"] = batch.tensors["rollout_log_probs"].clone()
-        elif source == RECOMPUTE:
-            with self.timer("old_log_prob"):
-                lp, ent = self.actor.compute_log_prob(
-                    batch,
-                    s.temperature,
-                    s.log_prob_micro_batch_size,
-                    calculate_entropy=True,
-                    **s.log_prob_kwargs(),
-                )
-            batch.tensors["old_log_probs"] = lp
-            mask = batch.tensors["response_mask"].float()
-            metrics["actor/entropy"] = float(agg_loss(ent, mask, s.loss_agg_mode))
-        # CURRENT: no old_log_probs; the update uses its own log-probs, detached (and logs the entropy)
-        metrics.update(apply_rollout_correction(batch.tensors, self.cfg.algorithm.rollout_correction))
-        if self.use_ref:
-            with self.timer("ref"):
-                ref, _ = self.actor.compute_ref_log_prob(
-                    batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
-                )
-            batch.tensors["ref_log_prob"] = ref
-        return metrics
-
-    def _old_log_prob_source(self, batch: Batch) -> str:
-        rc, a = self.cfg.algorithm.rollout_correction, self.cfg.actor_rollout_ref.actor
-        if rc.bypass_mode and "rollout_log_probs" not in batch.tensors:
-            raise TrainingError(
-                "algorithm.rollout_correction.bypass_mode=true needs the sampler's log-probs "
-                "(rollout_log_probs), which this rollout did not return; set bypass_mode=false"
-            )
-        return old_log_prob_source(
-            bypass_mode=bool(rc.bypass_mode),
-            ppo_epochs=int(a.ppo_epochs),
-            mini_batch_trajectories=int(self.settings.ppo_mini_batch_size),
-            batch_trajectories=len(batch),
-            prefetch=bool(self.prefetcher.enabled),
-            rollout_correction=bool(rc.rollout_is or rc.rollout_rs),
-            kl_in_reward=bool(self.cfg.algorithm.use_kl_in_reward),
-            fast_path=bool(a.on_policy_fast_path),
+        return compute_old_and_ref(
+            self.actor,
+            batch,
+            self.settings,
+            self.cfg,
+            self.timer,
+            use_ref=self.use_ref,
+            prefetch=self.prefetcher.enabled,
         )
 
     # ---------------------------------------------------------------- validation, logging, the end
@@ -405,8 +344,7 @@ class Trainer:
         )
         for t in self.trackers:
             t.close()
-        self.actor.shutdown()
-        self.rollout.shutdown()
-        self.prefetcher.shutdown()
+        for part in (self.actor, self.rollout, self.prefetcher):
+            part.shutdown()
         self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
         return summary

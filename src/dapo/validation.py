@@ -1,4 +1,4 @@
-"""Validation metrics as verl names them (VERL_SPEC section 3.8).
+"""Validation metrics as verl names them (docs/verl_compat.md, Metrics).
 
 For each data source, each variable and each prompt group of N samples: ``mean@N``,
 ``std@N`` and, when N > 1, bootstrap ``best@k`` / ``worst@k`` (and ``maj@k`` when a ``pred``
@@ -98,3 +98,11 @@ def validation_metrics(batch: Any, extra: dict[str, list]) -> dict[str, float]:
         out["val/acc"] = float(np.mean(acc))
     out.update(turn_metrics)
     return out
+
+
+def final_validation_note(test_freq: int) -> str:
+    """What a run with periodic validation off is told once: it still validates after its last step."""
+    return (
+        f"note: trainer.test_freq={test_freq} turns periodic validation off; validation still runs once "
+        "after the last step, so summary.json has a final accuracy (verl would skip it)"
+    )

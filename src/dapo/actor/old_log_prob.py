@@ -13,6 +13,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from dapo.algo.agg import agg_loss
+from dapo.algo.rollout_correction import apply_rollout_correction
+from dapo.errors import TrainingError
+
 RECOMPUTE, CURRENT, BYPASS = "recompute", "current", "bypass"
 
 
@@ -39,3 +45,50 @@ def old_log_prob_source(
         and not kl_in_reward
     )
     return CURRENT if on_policy else RECOMPUTE
+
+
+def compute_old_and_ref(
+    actor: Any, batch: Any, settings: Any, cfg: Any, timer: Any, *, use_ref: bool, prefetch: bool
+) -> dict[str, float]:
+    """Fill ``batch``'s ``old_log_probs`` (unless the update makes them itself), the rollout
+    correction weights and ``ref_log_prob``; returns their metrics."""
+    s, rc, a = settings, cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor
+    if rc.bypass_mode and "rollout_log_probs" not in batch.tensors:
+        raise TrainingError(
+            "algorithm.rollout_correction.bypass_mode=true needs the sampler's log-probs "
+            "(rollout_log_probs), which this rollout did not return; set bypass_mode=false"
+        )
+    source = old_log_prob_source(
+        bypass_mode=bool(rc.bypass_mode),
+        ppo_epochs=int(a.ppo_epochs),
+        mini_batch_trajectories=int(s.ppo_mini_batch_size),
+        batch_trajectories=len(batch),
+        prefetch=prefetch,
+        rollout_correction=bool(rc.rollout_is or rc.rollout_rs),
+        kl_in_reward=bool(cfg.algorithm.use_kl_in_reward),
+        fast_path=bool(a.on_policy_fast_path),
+    )
+    metrics: dict[str, float] = {}
+    if source == BYPASS:
+        batch.tensors["old_log_probs"] = batch.tensors["rollout_log_probs"].clone()
+    elif source == RECOMPUTE:
+        with timer("old_log_prob"):
+            lp, ent = actor.compute_log_prob(
+                batch,
+                s.temperature,
+                s.log_prob_micro_batch_size,
+                calculate_entropy=True,
+                **s.log_prob_kwargs(),
+            )
+        batch.tensors["old_log_probs"] = lp
+        mask = batch.tensors["response_mask"].float()
+        metrics["actor/entropy"] = float(agg_loss(ent, mask, s.loss_agg_mode))
+    # CURRENT: no old_log_probs; the update uses its own log-probs, detached (and logs the entropy)
+    metrics.update(apply_rollout_correction(batch.tensors, rc))
+    if use_ref:
+        with timer("ref"):
+            ref, _ = actor.compute_ref_log_prob(
+                batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
+            )
+        batch.tensors["ref_log_prob"] = ref
+    return metrics

@@ -1,4 +1,4 @@
-"""Token-budget micro-batches: balanced partitions by Karmarkar-Karp (VERL_SPEC 5.2).
+"""Token-budget micro-batches: balanced partitions by Karmarkar-Karp, as verl's ``seqlen_balancing.py``.
 
 ``rearrange_micro_batches(lengths, max_token_len)`` splits a batch's rows into as few
 micro-batches as the token budget allows, balanced by the per-row workload w = 24576 L + L^2

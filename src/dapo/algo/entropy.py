@@ -1,6 +1,6 @@
 """Token log-probabilities and entropies from logits, at the sampling temperature.
 
-With z = logits / temperature (VERL_SPEC 3.7: the ratio and the entropy see the distribution
+With z = logits / temperature (as in verl: the ratio and the entropy see the distribution
 the sampler drew from):
 
     log p(y) = z_y - logsumexp(z)

@@ -94,9 +94,9 @@ def build_100m(seed: int = 0, dtype: torch.dtype = torch.float32):
 def load_default(dtype: torch.dtype = torch.float32):
     """The built-in tiny model (warm-started, cached) and its tokenizer."""
     from dapo.model.loader import load_model, load_tokenizer
-    from dapo.model.tiny import ensure_tiny_model
+    from dapo.tasks import builtin_model
 
-    path = ensure_tiny_model(log=lambda s: None)
+    path = builtin_model(log=lambda s: None)
     return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
 
 

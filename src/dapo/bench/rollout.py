@@ -42,7 +42,7 @@ DEFAULT_MODELS = ("tiny", "qwen2-100m")
 
 def smollm2_dir() -> Path:
     """The converted SmolLM2-135M-Instruct directory (converted from the packaged GGUF once)."""
-    from dapo.model.tiny import cache_dir
+    from dapo.tasks.cache import cache_dir
 
     out = cache_dir() / "models" / "smollm2-135m-instruct"
     if not (out / "config.json").exists():
@@ -72,7 +72,7 @@ def _load(name: str, seed: int, tmp: Path) -> tuple[torch.nn.Module, Any, Path |
 def _prompts(model, tok, num_prompts: int, seed: int) -> tuple[list[list[int]], list[int], int]:
     rng = random.Random(seed)
     if tok is not None:
-        from dapo.data.builtin import sample_problems, split_problems
+        from dapo.tasks.arithmetic import sample_problems, split_problems
 
         train, _ = split_problems(seed=0)
         # sample_problems rounds per tier and can return one more than asked
@@ -284,13 +284,3 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _add_args(p)
     p.set_defaults(func=_main)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from dapo.bench import run_standalone
-
-    return run_standalone("rollout", register, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -183,13 +183,3 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _add_args(p)
     p.set_defaults(func=_main)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from dapo.bench import run_standalone
-
-    return run_standalone("update", register, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -225,7 +225,3 @@ def _apply_aliases(cfg: DictConfig) -> list[str]:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg)
-
-
-def as_container(cfg: DictConfig | ListConfig) -> Any:
-    return OmegaConf.to_container(cfg, resolve=True)

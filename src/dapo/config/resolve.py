@@ -10,6 +10,7 @@ fallbacks. The rules (verl's, unless marked ours):
 * ``rollout.prompt_length`` / ``rollout.response_length``: null -> ``data.max_prompt_length`` /
   ``data.max_response_length`` (verl interpolates them)
 * ``model.tokenizer_path``: null -> ``model.path`` (when a model path is given)
+* ``rollout.tensor_model_parallel_size``: null -> 1; ``rollout.seed``: null -> ``trainer.seed``
 * ``actor.clip_ratio_low`` / ``clip_ratio_high``: null -> ``actor.clip_ratio``
 * ``actor.ppo_micro_batch_size_per_gpu``: null -> the deprecated global ``ppo_micro_batch_size``
   divided by the data-parallel size (``trainer.nnodes x trainer.n_gpus_per_node``), else
@@ -27,7 +28,9 @@ fallbacks. The rules (verl's, unless marked ours):
   ``optim.total_training_steps``: -1 -> ``trainer.total_training_steps``
 
 Nulls that mean "none" (no checkpoint limit, no dump directory, the built-in task or model,
-which are written on first use) stay null.
+which are written on first use) stay null, and so do two vLLM keys whose value only vLLM or the
+loaded model knows: ``rollout.gpu_memory_utilization`` (vLLM's own default) and ``rollout.dtype``
+(the actor's parameter dtype).
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
         r.response_length = d.max_response_length
     if m.tokenizer_path is None and m.path is not None:
         m.tokenizer_path = m.path
+    if r.tensor_model_parallel_size is None:
+        r.tensor_model_parallel_size = 1
+    if r.seed is None:
+        r.seed = tr.seed
 
     if a.clip_ratio_low is None:
         a.clip_ratio_low = a.clip_ratio

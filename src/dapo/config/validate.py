@@ -6,6 +6,7 @@ from typing import Any
 
 from dapo.config import sampling as sampling_cfg
 from dapo.config.compat import unimplemented_problems
+from dapo.tasks import BUILTIN_TASKS
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -13,9 +14,6 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
 # metrics every reward manager provides, plus what math_dapo and the overlong log add
 KNOWN_FILTER_METRICS = (*sampling_cfg.BUILTIN_METRICS, "pred", "overlong", "overlong_reward", "reward")
-
-
-BUILTIN_TASKS = ("arithmetic", "reasoning")
 
 
 def validate(cfg: Any) -> list[str]:

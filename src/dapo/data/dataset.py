@@ -168,23 +168,10 @@ def build_prompt_data(
     the cache and used, with its test split for validation unless ``data.val_files`` is set."""
     d = cfg.data
     train_files, val_files = d.train_files, d.val_files
-    if train_files is None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        from dapo.data.builtin_tools import ensure_tool_task
+    if train_files is None:
+        from dapo.tasks import builtin_task, builtin_task_name
 
-        tr_path, te_path = ensure_tool_task()
-        train_files = str(tr_path)
-        val_files = val_files if val_files is not None else str(te_path)
-    elif train_files is None and d.builtin_task == "reasoning":
-        from dapo.data.builtin_reasoning import ensure_reasoning_task
-
-        tr_path, te_path = ensure_reasoning_task()
-        train_files = str(tr_path)
-        val_files = val_files if val_files is not None else str(te_path)
-    elif train_files is None:
-        from dapo.data.builtin import task_fingerprint, write_task
-        from dapo.model.tiny import cache_dir
-
-        tr_path, te_path = write_task(cache_dir() / "data" / f"arithmetic-{task_fingerprint()}")
+        tr_path, te_path = builtin_task(builtin_task_name(cfg))
         train_files = str(tr_path)
         val_files = val_files if val_files is not None else str(te_path)
     common = dict(

@@ -1,9 +1,8 @@
-"""Reading and writing verl-format parquet (VERL_SPEC section 7.1)."""
+"""Reading and writing verl-format parquet (docs/verl_compat.md, Data)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,6 @@ def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
     """
     table = pa.Table.from_pylist(rows)
     pq.write_table(table, str(path))
-
-
-def cached_train_test(folder: str, write: Callable[[Path], tuple[Path, Path]]) -> tuple[Path, Path]:
-    """A built-in task's ``train.parquet`` and ``test.parquet`` in the dapo cache folder
-    ``data/<folder>``, written by ``write(dir)`` on first use."""
-    from dapo.model.tiny import cache_dir
-
-    d = cache_dir() / "data" / folder
-    train, test = d / "train.parquet", d / "test.parquet"
-    if train.exists() and test.exists():
-        return train, test
-    return write(d)
 
 
 def write_train_test(

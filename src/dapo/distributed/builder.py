@@ -8,7 +8,7 @@
   ``worker_backend`` = ``process`` (spawned local processes, no Ray needed) or ``ray`` (a private
   local Ray when ``nnodes`` = 1 and no cluster address is given, else ``ray.init(address=...)``).
 
-Sizes are normalised per rank as verl's FSDP workers do (VERL_SPEC 5.1): the deprecated
+Sizes are normalised per rank as verl's FSDP workers do (docs/verl_compat.md, Batch sizes): the deprecated
 global ``ppo_micro_batch_size`` and ``log_prob_micro_batch_size`` are divided by the DP size;
 the ``*_per_gpu`` values are used as given; ``ppo_mini_batch_size * n`` stays global (the driver
 splits each mini-batch across the ranks) and must divide by the DP size, or the split is
@@ -39,7 +39,7 @@ def dp_world_size(cfg: Any) -> int:
 def per_rank_settings(
     cfg: Any, settings: ActorSettings, dp: int, log: Callable[[str], None] = print
 ) -> ActorSettings:
-    """VERL_SPEC 5.1: per-rank micro-batch sizes from the deprecated global keys."""
+    """verl's per-rank micro-batch sizes from the deprecated global keys."""
     a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     micro, lp_micro = settings.ppo_micro_batch_size, settings.log_prob_micro_batch_size
     if not a.ppo_micro_batch_size_per_gpu and a.ppo_micro_batch_size:

@@ -2,7 +2,7 @@
 
 * ``rank_partitions``: row indices per rank. With ``balance`` (``trainer.balance_batch``) an
   equal-size Karmarkar-Karp partition by verl's workload w(L) = 24576 L + L^2 over the row's
-  prompt+response length (VERL_SPEC 5.3), each part ordered small-at-both-ends; otherwise
+  prompt+response length (verl's ``_balance_batch``), each part ordered small-at-both-ends; otherwise
   contiguous equal chunks. The row count must divide by the number of ranks.
 * ``pad_to_multiple``: zero-weight rows appended so the row count divides: each is a copy of a
   real row whose ``response_mask`` (and advantages) are zero, so it adds no token, no valid
@@ -133,13 +133,6 @@ def minibatch_plan(
         for m0 in range(0, n_rows, mini_batch_size):
             plan.append(order[m0 : m0 + mini_batch_size])
     return plan
-
-
-def per_rank_sizes(global_size: int, dp_size: int, key: str) -> int:
-    """verl's per-GPU normalisation (VERL_SPEC 5.1): a global size divided by the DP size."""
-    if global_size % dp_size:
-        raise ValueError(f"{key}={global_size} must be divisible by the data-parallel size {dp_size}")
-    return global_size // dp_size
 
 
 def balance_metrics(lengths: Sequence[int], before: list[list[int]], after: list[list[int]]) -> dict:

@@ -15,7 +15,6 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import traceback
@@ -167,9 +166,3 @@ class ProcessWorkerGroup(WorkerGroup):
                 p.terminate()
                 p.join(timeout=5)
         self._conns, self._procs = [], []
-
-
-def local_env_defaults() -> None:
-    """Environment every local worker process wants (set before torch.distributed starts)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

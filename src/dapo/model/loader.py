@@ -75,19 +75,10 @@ def build_policy(
     """The policy of ``actor_rollout_ref.model`` (the built-in tiny model when no path is set),
     its tokenizer and its device: ``(path, tokenizer, model, device)``, the model in train mode."""
     from dapo.actor.precision import resolve_model_dtype
-    from dapo.model.tiny import ensure_tiny_model
+    from dapo.tasks import builtin_model, builtin_task_name
 
     m = cfg.actor_rollout_ref.model
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable and not m.path:
-        from dapo.tools.tiny_model import ensure_tiny_tool_model
-
-        path = str(ensure_tiny_tool_model(log=log))
-    elif cfg.data.builtin_task == "reasoning" and not m.path:
-        from dapo.model.tiny_reasoning import ensure_reasoning_model
-
-        path = str(ensure_reasoning_model(log=log))
-    else:
-        path = m.path or str(ensure_tiny_model(log=log))
+    path = m.path or str(builtin_model(builtin_task_name(cfg), log=log))
     tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
     if m.custom_chat_template:
         tokenizer.chat_template = m.custom_chat_template

@@ -1,6 +1,6 @@
 """Reward managers: decode responses, score them safely, shape overlong ones, place the reward.
 
-``DAPORewardManager`` follows verl's ``dapo`` manager (VERL_SPEC section 4.1);
+``DAPORewardManager`` follows verl's ``dapo`` manager (docs/verl_compat.md, Rewards);
 ``NaiveRewardManager`` is the same without overlong shaping (verl's ``naive``). Calling a
 manager on a :class:`dapo.batch.Batch` returns ``(token_level_scores, reward_extra_info)``
 (a :class:`RewardOutput`, which also carries ``.metrics``).

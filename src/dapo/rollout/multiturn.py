@@ -1,4 +1,4 @@
-"""Multi-turn rollouts with tools (verl's tool agent loop, VERL_SPEC section 7.3).
+"""Multi-turn rollouts with tools (verl's tool agent loop; docs/tools.md).
 
 For each trajectory: render the prompt with the tool schemas through the chat template,
 then repeat

@@ -95,6 +95,10 @@ class RolloutRunner:
             for dst, src in zip(self.model.parameters(), self.policy.parameters(), strict=True):
                 dst.copy_(src)
 
+    def step_warnings(self) -> list[str]:
+        """Lines the log repeats every step (the code tool's weak-sandbox mode)."""
+        return self.multi_turn.step_warnings() if self.multi_turn is not None else []
+
     def shutdown(self) -> None:
         if hasattr(self.engine, "shutdown"):
             self.engine.shutdown()

@@ -24,6 +24,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
+from dapo.run_records import FATES
 from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
 
@@ -46,7 +47,7 @@ class GenerationBudgetExhausted(ValueError):
 
 
 def verl_exhausted_message(num_gen_batches: int, max_num_gen_batches: int) -> str:
-    """The recipe's error text (VERL_SPEC §1.5), verbatim."""
+    """The recipe's error text (``dapo_ray_trainer.py``), verbatim."""
     return (
         f"num_gen_batches={num_gen_batches} >= max_num_gen_batches={max_num_gen_batches}. "
         "Generated too many. Please check if your data are too difficult. "
@@ -60,7 +61,7 @@ class SampledStep:
 
     ``batch``: exactly ``train_batch_size`` groups of ``n`` trajectories (groups contiguous), fewer
     when the budget ran out with ``on_exhausted=train``, all ``gen_batch_size`` groups when
-    filtering is disabled (verl quirk Q2), ``None`` when ``action == "skip"``.
+    filtering is disabled (docs/verl_compat.md, quirk Q2), ``None`` when ``action == "skip"``.
     """
 
     batch: Batch | None
@@ -136,15 +137,6 @@ class _Stats:
                     "response_lengths": None if lengths is None else [lengths[i] for i in rows],
                 }
             )
-
-
-# the fate of a generated group as the viewer names it (the dynamic_sampling/* metric names)
-FATES = {
-    KEPT: "kept",
-    ALL_CORRECT: "filtered_all_correct",
-    ALL_WRONG: "filtered_all_wrong",
-    OUT_OF_BAND: "filtered_out_of_band",
-}
 
 
 def _correct_values(b: Batch) -> list[float] | None:

@@ -1,4 +1,4 @@
-"""verl's ``calc_gsm8k_reward`` tool (``verl.tools.gsm8k_tool.Gsm8kTool`` behaviour, VERL_SPEC 7.3).
+"""verl's ``calc_gsm8k_reward`` tool (``verl.tools.gsm8k_tool.Gsm8kTool`` behaviour; docs/tools.md).
 
 ``create(ground_truth=...)`` stores the reference answer (from the sample's
 ``tools_kwargs.calc_gsm8k_reward.create_kwargs``); each ``execute(answer=...)`` prefixes

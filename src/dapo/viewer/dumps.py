@@ -1,4 +1,4 @@
-"""Lazy access to verl-format JSONL dumps (``<dir>/<step>.jsonl``, VERL_SPEC §6.1).
+"""Lazy access to verl-format JSONL dumps (``<dir>/<step>.jsonl``, docs/verl_compat.md, Dumps).
 
 Opening a directory only lists its files. Opening a step scans its file once for line offsets
 (bytes, no JSON parsing); a row is parsed when it is shown (a small cache keeps recent rows).
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from dapo.viewer.records import VIEWER_FILE
+from dapo.run_records import VIEWER_FILE
 
 SCORE_KEYS = ("score", "score_1")
 

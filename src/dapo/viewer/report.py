@@ -1,7 +1,7 @@
 """``dapo report RUN_DIR``: one self-contained HTML page (figures embedded as base64 PNG) showing
 how dynamic sampling behaved, plus each figure as a PNG file beside the page.
 
-Reads ``metrics.jsonl`` (verl metric names), ``groups.jsonl`` (``dapo.viewer.records``),
+Reads ``metrics.jsonl`` (verl metric names), ``groups.jsonl`` (``dapo.run_records``),
 ``viewer.json`` and ``summary.json`` when present; every figure whose data is missing is listed
 in the page with the reason instead of being drawn empty.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dapo.viewer.records import FATES, VIEWER_FILE, read_groups, read_metrics
+from dapo.run_records import FATES, VIEWER_FILE, read_groups, read_metrics
 
 DS = "dynamic_sampling/"
 FATE_STYLE = {  # label, colour
@@ -200,7 +200,7 @@ def fig_fates(run: RunData):
         return None, "no dynamic_sampling/* counts in metrics.jsonl and no groups.jsonl"
     fig, ax = _figure()
     bottom = np.zeros(len(steps))
-    for fate in FATES:
+    for fate in FATES.values():
         c = counts[fate]
         if not c.sum():
             continue
@@ -468,10 +468,10 @@ def _summary_rows(run: RunData) -> list[tuple[str, str]]:
         ("training steps", str(len(steps))),
     ]
     counts = _fate_counts(run, steps)
-    gen = sum(float(counts[f].sum()) for f in FATES)
+    gen = sum(float(counts[f].sum()) for f in FATES.values())
     if gen:
         rows.append(("groups generated", f"{gen:.0f}"))
-        for f in FATES:
+        for f in FATES.values():
             c = float(counts[f].sum())
             if c:
                 rows.append((FATE_STYLE[f][0], f"{c:.0f} ({100 * c / gen:.1f}%)"))
@@ -542,6 +542,20 @@ def render_html(run: RunData, figures: list[tuple[FigureSpec, bytes | None, str 
         )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def refresh_report(
+    run_dir: str | Path, step: int, report_freq: int, is_last: bool, log: Callable[[str], None] = print
+) -> Path | None:
+    """Rebuild ``<run_dir>/report.html`` when ``trainer.report_freq`` says so (after the step's
+    metrics are logged); a report that cannot be built is one log line, never a stopped run."""
+    if report_freq <= 0 or not (is_last or step % report_freq == 0):
+        return None
+    try:
+        return build_report(run_dir)
+    except Exception as e:
+        log(f"could not refresh the report in {run_dir}: {e}")
+        return None
 
 
 def build_report(run_dir: str | Path, output: str | Path | None = None) -> Path:

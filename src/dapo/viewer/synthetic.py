@@ -4,7 +4,7 @@ The dynamic batcher runs for real on a fake rollout (no model): prompts have a d
 policy "improves" step by step and responses grow longer, so the figures show what a drifting
 run looks like. Writes ``metrics.jsonl``, ``groups.jsonl``, ``viewer.json``, ``summary.json``,
 verl-format rollout dumps ``rollout_data/<step>.jsonl`` and validation dumps
-``validation_data/<step>.jsonl`` (VERL_SPEC §6.1).
+``validation_data/<step>.jsonl`` (docs/verl_compat.md, Dumps).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import FilterGroupsConfig
+from dapo.run_records import GroupRecorder
 from dapo.sampling import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource
-from dapo.viewer.records import GroupRecorder
 
 
 def _question(i: int) -> tuple[str, int]:

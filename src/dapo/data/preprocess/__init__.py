@@ -1,5 +1,5 @@
 """``dapo preprocess <format> --input FILE --output DIR``: turn a data file the user has into
-verl-schema parquet (VERL_SPEC section 7).
+verl-schema parquet (docs/verl_compat.md, Data).
 
 Formats: ``gsm8k``, ``math`` (MATH / MATH-lighteval), ``dapo-math-17k``, ``aime2024`` and
 ``generic`` (jsonl / json / csv / parquet with column options). Every format reads any of

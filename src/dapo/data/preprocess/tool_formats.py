@@ -1,4 +1,4 @@
-"""Tool variants of ``dapo preprocess`` (verl's ``*_multiturn_w_tool`` preprocessors, VERL_SPEC 7.2).
+"""Tool variants of ``dapo preprocess`` (verl's ``*_multiturn_w_tool`` preprocessors).
 
 * ``gsm8k-tool``: the gsm8k row plus a system message asking the model to check its answer
   with the ``calc_gsm8k_reward`` tool before answering as ``#### <answer>``; ``extra_info``

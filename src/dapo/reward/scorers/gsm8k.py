@@ -1,4 +1,4 @@
-"""GSM8K scorer with verl semantics (VERL_SPEC section 4.4).
+"""GSM8K scorer with verl semantics (docs/verl_compat.md, Rewards).
 
 ``strict``: the last ``#### <number>`` in the final 300 characters, with "," and "$"
 removed. ``flexible``: the last number-like token of the final 300 characters. No answer

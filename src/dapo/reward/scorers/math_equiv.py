@@ -8,8 +8,11 @@ constants (relative tolerance 1e-9), by ``simplify(a - b) == 0`` otherwise.
 
 Scores follow verl's ``math_reward``: 1.0 correct, 0.0 otherwise.
 
-LaTeX is converted by a small translator written here (sympy's ``parse_latex`` needs an
-ANTLR runtime that conflicts with hydra's pin). The translated text is checked against a
+LaTeX is converted by a small translator written here rather than by math-verify (the
+library verl's ``math_verify`` scorer calls): on this project's scorer and safety tests
+math-verify's parser scored 26 of 35 cases against 35 for this one (it fails ``10\%`` = 10
+and a 150-deep bracket, and only its 5-second alarm stops exponent bombs, where the guard
+below refuses them before sympy evaluates anything). The translated text is checked against a
 whitelist of characters and names before sympy parses it, every constant exponent
 expression is bounded before sympy evaluates anything (``power_guard``), and answers
 longer than ``MAX_ANSWER_CHARS`` are compared as strings only. Symbolic

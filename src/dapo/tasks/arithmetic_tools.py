@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 
-from dapo.data.builtin import DATA_SOURCE, Problem, split_problems
+from dapo.tasks.arithmetic import DATA_SOURCE, Problem, split_problems
 
 TOOL_NAME = "calculator"
 # share of each kind in the generated data
@@ -72,8 +73,8 @@ def tool_task_fingerprint(train_size: int = 3000, test_size: int = 128, seed: in
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def ensure_tool_task() -> tuple[Path, Path]:
-    """The task's parquet files in the dapo cache, written on first use."""
-    from dapo.data.parquet import cached_train_test
+def ensure_tool_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
+    from dapo.tasks.cache import ensure_task_files
 
-    return cached_train_test(f"arithmetic-tools-{tool_task_fingerprint()}", write_tool_task)
+    return ensure_task_files("arithmetic-tools", tool_task_fingerprint(), write_tool_task, log)

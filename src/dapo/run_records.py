@@ -34,7 +34,14 @@ log = logging.getLogger(__name__)
 
 GROUPS_FILE = "groups.jsonl"
 VIEWER_FILE = "viewer.json"
-FATES = ("kept", "filtered_all_correct", "filtered_all_wrong", "filtered_out_of_band")
+# a generated group's fate as the records and the report name it (the dynamic_sampling/* metric
+# names), by the group filter's label (dapo.sampling.filter)
+FATES = {
+    "kept": "kept",
+    "all_correct": "filtered_all_correct",
+    "all_wrong": "filtered_all_wrong",
+    "out_of_band": "filtered_out_of_band",
+}
 LENGTH_BINS = 64
 
 
@@ -97,8 +104,8 @@ def _key(m: float | None) -> float:
 
 
 class GroupRecorder:
-    """Writes ``groups.jsonl`` (and ``viewer.json``) in the run directory; optionally refreshes
-    the HTML report every ``report_freq`` steps. Never raises into the training loop."""
+    """Writes ``groups.jsonl`` (and ``viewer.json``) in the run directory. Never raises into the
+    training loop."""
 
     def __init__(
         self,
@@ -108,14 +115,12 @@ class GroupRecorder:
         overlong_buffer_len: int = 0,
         rollout_data_dir: str | None = None,
         validation_data_dir: str | None = None,
-        report_freq: int = 0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / GROUPS_FILE
         self.max_response_length = max_response_length
         self.overlong_buffer_len = int(overlong_buffer_len or 0)
-        self.report_freq = int(report_freq or 0)
         info = {
             "rollout_data_dir": _abs(rollout_data_dir),
             "validation_data_dir": _abs(validation_data_dir),
@@ -136,7 +141,6 @@ class GroupRecorder:
             overlong_buffer_len=buf,
             rollout_data_dir=getattr(tr, "rollout_data_dir", None),
             validation_data_dir=getattr(tr, "validation_data_dir", None),
-            report_freq=int(getattr(tr, "report_freq", 0) or 0),
         )
 
     def write(self, step: int, sampled: Any) -> None:
@@ -157,18 +161,6 @@ class GroupRecorder:
                 os.fsync(f.fileno())  # on disk before the step's checkpoint
         except Exception as e:  # a plot record must never stop training
             log.warning("could not write %s for step %s: %s", self.path, step, e)
-
-    def step_done(self, step: int, is_last: bool = False) -> Path | None:
-        """Refresh ``<run_dir>/report.html`` when ``report_freq`` says so (after metrics are logged)."""
-        if self.report_freq <= 0 or not (is_last or step % self.report_freq == 0):
-            return None
-        try:
-            from dapo.viewer.report import build_report
-
-            return build_report(self.run_dir)
-        except Exception as e:
-            log.warning("could not refresh the report in %s: %s", self.run_dir, e)
-            return None
 
 
 def _abs(p: str | None) -> str | None:

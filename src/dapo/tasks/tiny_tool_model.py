@@ -60,10 +60,6 @@ SFT_LR = 3e-3
 MAX_POSITIONS = 256
 
 
-def _schemas() -> list[dict]:
-    return [CalculatorTool().get_openai_tool_schema()]
-
-
 class ContextRenderer:
     """Context tokens exactly as the RL loop builds them (:class:`MultiTurnRollout` with the
     tokenizer as ``load_tokenizer`` reloads it from the model directory): the prompt with the
@@ -97,7 +93,7 @@ def warm_start_example(
     Weights: 0 on the prompt and tool messages (context, and the call of a copy drill),
     1 on a generated call, ``ANSWER_WEIGHT`` on the final ``Answer: X`` turn.
     """
-    from dapo.model.tiny import near_miss
+    from dapo.tasks.tiny_model import near_miss
 
     pieces: list[tuple[list[int], float]] = [(render.prompt(problem.question), 0.0)]
     hard = problem.tier == "hard"
@@ -161,7 +157,7 @@ def _len(example: tuple[list[int], list[int]]) -> int:
 
 
 def recipe_fingerprint() -> str:
-    from dapo.data.builtin_tools import KIND_WEIGHTS
+    from dapo.tasks.arithmetic_tools import KIND_WEIGHTS
 
     recipe = json.dumps(
         [
@@ -188,10 +184,10 @@ def recipe_fingerprint() -> str:
 
 def ensure_tiny_tool_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started tool model, building it if absent."""
-    from dapo.model.tiny import cache_dir, ensure_built
+    from dapo.tasks.cache import ensure_model
 
-    target = cache_dir() / "models" / f"{TOOL_MODEL_NAME}-{recipe_fingerprint()}"
-    return ensure_built(target, lambda tmp: build_tiny_tool_model(tmp, log=log), log, force)
+    build = lambda tmp: build_tiny_tool_model(tmp, log=log)  # noqa: E731
+    return ensure_model(TOOL_MODEL_NAME, recipe_fingerprint(), build, log, force)
 
 
 def build_tiny_tool_model(
@@ -199,11 +195,11 @@ def build_tiny_tool_model(
 ) -> dict:
     from transformers import Qwen2ForCausalLM
 
-    from dapo.data.builtin import split_problems
-    from dapo.data.builtin_tools import tool_problems
     from dapo.model.loader import load_tokenizer
     from dapo.model.tiny import tiny_config
     from dapo.optim import sft_optimizer, sft_step
+    from dapo.tasks.arithmetic import split_problems
+    from dapo.tasks.arithmetic_tools import tool_problems
 
     torch.manual_seed(seed)
     rng = random.Random(seed)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo.data.builtin import to_row  # the same verl-schema rows (question, answer, tier)
+from dapo.tasks.arithmetic import to_row  # the same verl-schema rows (question, answer, tier)
 
 TIERS = ("easy", "medium", "hard")
 TIER_WEIGHTS = {"easy": 0.25, "medium": 0.5, "hard": 0.25}
@@ -162,8 +163,8 @@ def reasoning_task_fingerprint(
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def ensure_reasoning_task() -> tuple[Path, Path]:
-    """The task's parquet files in the dapo cache, written on first use."""
-    from dapo.data.parquet import cached_train_test
+def ensure_reasoning_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
+    from dapo.tasks.cache import ensure_task_files
 
-    return cached_train_test(f"reasoning-{reasoning_task_fingerprint()}", write_reasoning_task)
+    return ensure_task_files("reasoning", reasoning_task_fingerprint(), write_reasoning_task, log)

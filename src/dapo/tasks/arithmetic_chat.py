@@ -1,6 +1,6 @@
 """Built-in arithmetic word problems in chat form, for real instruct models (verl parquet schema).
 
-Where ``dapo.data.builtin`` writes bare ``45+3=`` prompts for the tiny character model, this task
+Where ``dapo.tasks.arithmetic`` writes bare ``45+3=`` prompts for the tiny character model, this task
 asks in sentences, as a user would ask a chat model, and states the answer format::
 
     system     Solve the arithmetic problem. End your reply with 'Answer: <number>'.
@@ -91,7 +91,7 @@ def all_problems() -> list[ChatProblem]:
 
 def split_problems(seed: int = 0, test_fraction: float = 0.2) -> tuple[list[ChatProblem], list[ChatProblem]]:
     """A deterministic train/test split, disjoint by problem (``a op b``)."""
-    from dapo.data.builtin import split_by_fraction
+    from dapo.tasks.arithmetic import split_by_fraction
 
     return split_by_fraction(all_problems(), seed, test_fraction)
 
@@ -117,7 +117,7 @@ def messages(question: str) -> list[dict[str, str]]:
 
 
 def to_row(p: ChatProblem, split: str, index: int, style: int) -> dict:
-    """One verl-schema row (VERL_SPEC section 7.1)."""
+    """One verl-schema row (docs/verl_compat.md, Data)."""
     q = p.question(style)
     return {
         "data_source": DATA_SOURCE,
@@ -207,8 +207,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dapo.data.builtin_chat --output DIR``."""
-    p = argparse.ArgumentParser(prog="python -m dapo.data.builtin_chat", description=__doc__.split("\n")[0])
+    """``python -m dapo.tasks.arithmetic_chat --output DIR``."""
+    p = argparse.ArgumentParser(
+        prog="python -m dapo.tasks.arithmetic_chat", description=__doc__.split("\n")[0]
+    )
     add_arguments(p)
     return cmd_arithmetic_chat(p.parse_args(argv))
 

@@ -10,6 +10,7 @@ Answers are graded by the math_dapo rules: the response must end with ``Answer: 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def sample_problems(pool: list[Problem], count: int, seed: int) -> list[Problem]
 
 
 def to_row(p: Problem, split: str, index: int) -> dict:
-    """One verl-schema row (VERL_SPEC section 7.1)."""
+    """One verl-schema row (docs/verl_compat.md, Data)."""
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": p.question}],
@@ -127,3 +128,10 @@ def task_fingerprint(train_size: int = 1200, test_size: int = 256, seed: int = 0
     sample = sample_problems(train_pool, 16, seed) + sample_problems(test_pool, 16, seed)
     text = repr((TIER_WEIGHTS, train_size, test_size, seed, len(train_pool), [p.question for p in sample]))
     return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def ensure_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``test.parquet`` in the dapo cache, written on first use."""
+    from dapo.tasks.cache import ensure_task_files
+
+    return ensure_task_files("arithmetic", task_fingerprint(), write_task, log)

@@ -1,4 +1,4 @@
-"""The batcher's per-group records and groups.jsonl (dapo.viewer.records)."""
+"""The batcher's per-group records and groups.jsonl (dapo.run_records)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dapo.config.sampling import FilterGroupsConfig
+from dapo.run_records import GroupRecorder, read_groups, read_metrics, summarize_step
 from dapo.sampling import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource, prompt_rows, scripted
-from dapo.viewer.records import GroupRecorder, read_groups, read_metrics, summarize_step
 
 torch.set_num_threads(1)
 
@@ -134,20 +134,22 @@ def test_recorder_roundtrip_resume_and_torn_line(tmp_path):
     assert info["rollout_data_dir"] == str((tmp_path / "r").resolve())
 
 
-def test_recorder_never_raises_and_refreshes_report_on_schedule(tmp_path, monkeypatch):
-    rec = GroupRecorder(tmp_path, report_freq=2)
+def test_recorder_never_raises_and_the_report_refreshes_on_schedule(tmp_path, monkeypatch):
+    rec = GroupRecorder(tmp_path)
     rec.write(1, object())  # not a SampledStep: warns, no exception
-    calls = []
+    calls, lines = [], []
     import dapo.viewer.report as report
 
     monkeypatch.setattr(report, "build_report", lambda d: calls.append(d) or d)
-    assert rec.step_done(1) is None
-    rec.step_done(2)
-    rec.step_done(3, is_last=True)
+    assert report.refresh_report(tmp_path, 1, 2, False, log=lines.append) is None
+    report.refresh_report(tmp_path, 2, 2, False, log=lines.append)
+    report.refresh_report(tmp_path, 3, 2, True, log=lines.append)
     assert calls == [tmp_path, tmp_path]
     monkeypatch.setattr(report, "build_report", lambda d: 1 / 0)
-    assert rec.step_done(4) is None  # a failing report never stops training
-    assert GroupRecorder(tmp_path).step_done(4) is None  # report_freq 0: off
+    assert report.refresh_report(tmp_path, 4, 2, False, log=lines.append) is None  # never stops training
+    assert lines == [f"could not refresh the report in {tmp_path}: division by zero"]
+    assert report.refresh_report(tmp_path, 4, 0, True, log=lines.append) is None  # report_freq 0: off
+    assert calls == [tmp_path, tmp_path]
 
 
 def test_read_metrics_merges_rows_of_one_step(tmp_path):

@@ -25,9 +25,12 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM
 
-from dapo.data.builtin_reasoning import TIER_WEIGHTS, Chain, apply, make_chains, step_line, working
-from dapo.model.tiny import cache_dir, ensure_built, sft_optimizer, sft_step, sft_tensors, tiny_config
+from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
+from dapo.optim import sft_optimizer, sft_step
+from dapo.tasks.cache import ensure_model
+from dapo.tasks.reasoning import TIER_WEIGHTS, Chain, apply, make_chains, step_line, working
+from dapo.tasks.tiny_model import sft_tensors
 
 MODEL_NAME = "tiny-reasoning"
 # probability that a warm-start line's result is right, by kind of step (noisy phase)
@@ -109,8 +112,8 @@ def recipe_fingerprint() -> str:
 
 def ensure_reasoning_model(log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Path of the cached warm-started reasoning model, building it if absent."""
-    target = cache_dir() / "models" / f"{MODEL_NAME}-{recipe_fingerprint()}"
-    return ensure_built(target, lambda tmp: build_reasoning_model(tmp, log=log), log, force)
+    build = lambda tmp: build_reasoning_model(tmp, log=log)  # noqa: E731
+    return ensure_model(MODEL_NAME, recipe_fingerprint(), build, log, force)
 
 
 def build_reasoning_model(
