@@ -7,6 +7,7 @@ and the run ends exactly as one that was never stopped. While the run trains, a 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -84,14 +85,22 @@ def test_signal_finishes_step_saves_and_resumes_exactly(
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if any(r["step"] >= 1 for r in live_rows(run)):
-                # a second dapo train into the same directory is refused at once, naming the holder
-                rows = (run / "metrics.jsonl").read_text()
-                capsys.readouterr()
-                assert main(args) == 2
-                err = capsys.readouterr().err
-                assert f"dapo: run directory {run} is in use by another dapo train (pid {proc.pid})" in err
-                assert (run / "metrics.jsonl").read_text().startswith(rows)
-                proc.send_signal(sig)
+                # frozen while the checks below run, so a loaded machine cannot let it finish first;
+                # the signal waits, pending, until it continues
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    # a second dapo train into the same directory is refused at once, naming the holder
+                    rows = (run / "metrics.jsonl").read_text()
+                    capsys.readouterr()
+                    assert main(args) == 2
+                    err = capsys.readouterr().err
+                    assert (
+                        f"dapo: run directory {run} is in use by another dapo train (pid {proc.pid})" in err
+                    )
+                    assert (run / "metrics.jsonl").read_text().startswith(rows)
+                    proc.send_signal(sig)
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
                 break
             time.sleep(0.002)
         out, _ = proc.communicate(timeout=120)

@@ -36,6 +36,8 @@ ROW_FILES = ("metrics.jsonl", "groups.jsonl")
 FREE_KEYS = (
     "trainer.total_epochs",
     "trainer.total_training_steps",
+    # resolved from trainer.total_training_steps
+    "actor_rollout_ref.actor.optim.total_training_steps",
     "trainer.project_name",
     "trainer.experiment_name",
     "trainer.logger",
@@ -73,11 +75,19 @@ FREE_KEYS = (
     "actor_rollout_ref.*fsdp_config.optimizer_offload",
     "actor_rollout_ref.model.enable_gradient_checkpointing",
     "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.placement",
+    "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
+    "actor_rollout_ref.rollout.server_startup_timeout_s",
+    "trainer.auto_budget.*",
     "reward_model.scoring.num_workers",
 )
 # the run's length: free on a resume (extending a run), but a finished run of another length
 # is not the same run
-LENGTH_KEYS = ("trainer.total_epochs", "trainer.total_training_steps")
+LENGTH_KEYS = (
+    "trainer.total_epochs",
+    "trainer.total_training_steps",
+    "actor_rollout_ref.actor.optim.total_training_steps",
+)
 
 
 class RunDirError(RuntimeError):
