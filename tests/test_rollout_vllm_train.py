@@ -52,6 +52,7 @@ def _cut_to_step(src, dst, step):
         if int(d.name.rsplit("_", 1)[1]) > step:
             shutil.rmtree(d)
     shutil.rmtree(dst / "final_model", ignore_errors=True)
+    (dst / "finished.json").unlink(missing_ok=True)  # a run cut after `step` has not finished
     (dst / "latest_checkpointed_iteration.txt").write_text(str(step))
     rows = [r for r in live_rows(dst) if r["step"] <= step]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
