@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from reasoning_runs import train_reasoning
 
 GRPO = [
     "actor_rollout_ref.actor.clip_ratio_high=0.2",
@@ -70,26 +70,7 @@ def configurations() -> dict[str, list[str]]:
 
 def run(name: str, overrides: list[str], seed: int, steps: int, test_freq: int, out: Path) -> dict:
     run_dir = out / f"{name.strip('+')}-seed{seed}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dapo.cli",
-        "train",
-        "--config-name",
-        "reasoning",
-        *overrides,
-        "algorithm.filter_groups.on_exhausted=train",
-        f"trainer.seed={seed}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={test_freq}",
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.logger=[jsonl]",
-        "trainer.report_freq=0",
-        "trainer.save_final_model=false",
-        "trainer.torch_threads=1",
-    ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = train_reasoning(run_dir, seed, steps, test_freq, overrides)
     tokens, curve = 0.0, []
     for r in rows:
         tokens += r.get("dynamic_sampling/generated_response_tokens", 0.0)

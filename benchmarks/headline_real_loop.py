@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from reasoning_runs import train_reasoning
 
 PHASES = ("gen", "reward", "old_log_prob", "update_actor")
 STRATEGIES = {
@@ -37,29 +38,9 @@ STRATEGIES = {
 
 def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
     run_dir = out / f"{name}-seed{seed}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dapo.cli",
-        "train",
-        "--config-name",
-        "reasoning",
-        *STRATEGIES[name],
-        "algorithm.filter_groups.on_exhausted=train",
-        f"trainer.seed={seed}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.logger=[jsonl]",
-        f"trainer.test_freq={test_freq}",
-        "trainer.report_freq=0",
-        "trainer.save_final_model=false",
-        "trainer.torch_threads=1",
-        *extra,
-    ]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    rows = train_reasoning(run_dir, seed, steps, test_freq, STRATEGIES[name], extra)
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve, elapsed = [], 0.0
     phase = dict.fromkeys(PHASES, 0.0)
     gen_tok = train_tok = 0.0
