@@ -148,8 +148,11 @@ def test_tools_preset_trains_on_vllm(tmp_path, tool_model_dir, tok):
     for s in rows:
         dumped = [json.loads(x) for x in (run / "dumps" / f"{s}.jsonl").read_text().splitlines()]
         turns = [m for d in dumped for m in d["messages"]]
-        ids = {i: tok(m["content"], add_special_tokens=False)["input_ids"] for i, m in enumerate(turns)}
-        said += sum(len(ids[i]) for i, m in enumerate(turns) if m["role"] == "assistant")
+        said += sum(
+            len(tok(m["content"], add_special_tokens=False)["input_ids"])
+            for m in turns
+            if m["role"] == "assistant"
+        )
         eos += sum(m["role"] == "assistant" for m in turns)
         tool += sum(len(loop.tool_message_ids([m["content"]])) for m in turns if m["role"] == "tool")
         trained += rows[s]["response_length/mean"] * len(dumped)
