@@ -52,16 +52,14 @@ def tiny_random_model_dir(tmp_path_factory, char_tokenizer):
     return save_tiny_random_model(tmp_path_factory.mktemp("tiny_random"), char_tokenizer)
 
 
+# head size 32 (the smallest vLLM's CPU attention takes) and 512 positions
+HD32 = {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512}
+
+
 @pytest.fixture(scope="session")
 def tiny_hd32_model_dir(tmp_path_factory, char_tokenizer):
-    """The same with head size 32 (the smallest vLLM's CPU attention takes) and 512 positions."""
-    return save_tiny_random_model(
-        tmp_path_factory.mktemp("tiny_hd32"),
-        char_tokenizer,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-    )
+    """The same with head size 32 (:data:`HD32`)."""
+    return save_tiny_random_model(tmp_path_factory.mktemp("tiny_hd32"), char_tokenizer, **HD32)
 
 
 @pytest.fixture(scope="module")

