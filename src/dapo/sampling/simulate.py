@@ -11,7 +11,12 @@ Figures per strategy (``--json`` prints ``{"config": ..., "strategies": {name: f
 rounds per step, generated groups per trained group, qualified ratio (kept groups / generated
 groups; ``qualified_ratio`` counts the steps after the warm-up, ``qualified_ratio_overall`` all
 steps), skipped prompts, staleness of trained groups, surplus dropped, generated tokens per
-trained token.
+trained token. The simulated policy improves at the same pace whatever it trains on, so the
+simulator has no accuracy of its own; two figures stand in for what a sampler costs learning:
+``trained_prompts`` (distinct prompts among the groups trained after the warm-up: how much of the
+data set training sees) and ``trained_reward_variance`` (mean p(1-p) of those groups' prompts
+under the policy that trains on them: the reward variance, i.e. the advantage signal, a group
+carries).
 """
 
 from __future__ import annotations
@@ -114,6 +119,8 @@ def simulate(
     stale_sum = 0.0
     stale_max = 0.0
     skipped_steps = 0
+    trained_prompts: set[int] = set()
+    variance: list[float] = []
     for s in range(steps):
         step = batcher.next_batch(source, rollout)
         m = step.metrics
@@ -126,6 +133,11 @@ def simulate(
         else:
             stale_sum += m["dynamic_sampling/staleness_mean"] * m["dynamic_sampling/trained_groups"]
             stale_max = max(stale_max, m["dynamic_sampling/staleness_max"])
+            if s >= warmup:
+                for i in step.batch.non_tensors["index"]:  # n rows per group: a mean over groups
+                    p = population.prob(int(i), batcher.version - 1)
+                    variance.append(p * (1.0 - p))
+                    trained_prompts.add(int(i))
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 4) if b else 0.0
@@ -154,6 +166,8 @@ def simulate(
         "gen_tokens_per_train_token": ratio(
             tot["dynamic_sampling/generated_response_tokens"], tot["dynamic_sampling/trained_response_tokens"]
         ),
+        "trained_prompts": len(trained_prompts),
+        "trained_reward_variance": round(float(np.mean(variance)), 4) if variance else 0.0,
         "epochs": source.epoch,
     }
 
@@ -212,6 +226,8 @@ COLUMNS = [
     ("staleness mean", "staleness_mean"),
     ("staleness max", "staleness_max"),
     ("gen tok/train tok", "gen_tokens_per_train_token"),
+    ("trained prompts", "trained_prompts"),
+    ("reward var", "trained_reward_variance"),
 ]
 
 
