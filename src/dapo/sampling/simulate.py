@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+from dapo.config.load import ConfigError
+from dapo.config.sampling import FilterGroupsConfig, SkipConfig, validate
 from dapo.sampling.batcher import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows
 
@@ -74,8 +75,11 @@ class Population:
         return float(np.mean(p**n + (1 - p) ** n))
 
 
-def default_strategies() -> dict[str, FilterGroupsConfig]:
-    base = FilterGroupsConfig(enable=True, metric="acc", on_exhausted="train")
+def default_strategies(skip: dict[str, Any] | None = None) -> dict[str, FilterGroupsConfig]:
+    """verl mode, ours and ours without each of its parts; ``skip`` overrides ``skip.*`` keys of
+    every strategy that skips."""
+    sk = dataclasses.replace(SkipConfig(), **(skip or {}))
+    base = FilterGroupsConfig(enable=True, metric="acc", on_exhausted="train", skip=sk)
     return {
         "verl": dataclasses.replace(base, strategy="verl"),
         "default": base,
@@ -83,6 +87,21 @@ def default_strategies() -> dict[str, FilterGroupsConfig]:
         "default_no_carry_over": dataclasses.replace(base, carry_over=False),
         "default_fixed_rounds": dataclasses.replace(base, adaptive_rounds=False),
     }
+
+
+def _skip_override(text: str) -> tuple[str, Any]:
+    """``--skip KEY=VALUE``: a ``skip.*`` key and its value (a JSON number or list, else a string)."""
+    key, sep, raw = text.partition("=")
+    fields = [f.name for f in dataclasses.fields(SkipConfig)]
+    if not sep or key not in fields:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected KEY=VALUE with KEY one of algorithm.filter_groups.skip.{{{','.join(fields)}}}"
+        )
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
 
 
 def simulate(
@@ -211,6 +230,7 @@ def run_all(
             "seed": seed,
             "no_spread_fraction_start": round(pop.no_spread_fraction(n, 0), 4),
             "no_spread_fraction_end": round(pop.no_spread_fraction(n, steps), 4),
+            "skip": dataclasses.asdict(strategies["default"].skip) if "default" in strategies else None,
         },
         "strategies": out,
     }
@@ -264,9 +284,21 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--easy", type=float, default=0.45, help="fraction of nearly-always-solved prompts")
     p.add_argument("--hard", type=float, default=0.30, help="fraction of nearly-never-solved prompts")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--skip",
+        type=_skip_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a skip.* key of the skipping strategies (repeatable), e.g. --skip threshold=0.1",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
+    strategies = default_strategies(dict(args.skip))
+    problems = validate(strategies["default"])
+    if problems:
+        raise ConfigError([f"--skip: {p}" for p in problems])
     result = run_all(
         steps=args.steps,
         train_batch_size=args.train_batch_size,
@@ -276,6 +308,7 @@ def _run(args: argparse.Namespace) -> int:
         easy=args.easy,
         hard=args.hard,
         seed=args.seed,
+        strategies=strategies,
     )
     if args.json:
         print(json.dumps(result, indent=2))
