@@ -136,3 +136,34 @@ def test_carried_group_of_a_prompt_solved_since_is_dropped_before_training():
     assert idx == [0, 0, 1, 1] and m["dynamic_sampling/recheck_dropped"] == 1
     idx, m = _recheck_run(recheck=0.7)
     assert idx == [2, 2, 0, 0] and m["dynamic_sampling/recheck_dropped"] == 0
+
+
+@pytest.mark.parametrize("rule, skips", [("posterior", True), ("streak", False)])
+def test_posterior_rule_skips_whatever_the_streak_controller_says(rule, skips):
+    # skip_prob (the streak rule's controller) falls to 0 once the filtered fraction is below
+    # skip.target: with init_prob=0 it is 0 from the start. The streak rule then skips nothing;
+    # the posterior rule still skips prompt 0, which is always solved (Beta(4.5, 0.5) after one
+    # group: P(no spread in 4) = E[p^4] + E[(1-p)^4] = 0.722 >= threshold 0.5), and rolls
+    # out prompts 1-3 (after one group 0.26, 0.37, 0.37 < 0.5).
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import FakeRollout, ListSource, prompt_rows, scripted
+
+    table = {0: [[1, 1, 1, 1]], 1: [[0, 1, 0, 1]], 2: [[1, 0, 0, 0]], 3: [[0, 1, 1, 1]]}
+    drawn: list[int] = []
+    acc = scripted(table)
+
+    def fn(row, n, rng):
+        drawn.append(row["index"])
+        return acc(row, n, rng)
+
+    c = FilterGroupsConfig(
+        enable=True,
+        adaptive_rounds=False,
+        skip=SkipConfig(rule=rule, threshold=0.5, init_prob=0.0, prob_step=0.0),
+    )
+    b = DynamicBatcher(c, 3, 4, 4, 0)
+    src, gen = ListSource(prompt_rows(4), shuffle=False), FakeRollout(4, fn)
+    skipped = sum(b.next_batch(src, gen).metrics["dynamic_sampling/skipped_prompts"] for _ in range(4))
+    assert b.skip_prob == 0.0
+    assert (drawn.count(0) == 1 and skipped >= 3) if skips else (drawn.count(0) == 4 and skipped == 0)

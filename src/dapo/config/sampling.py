@@ -68,11 +68,11 @@ class SkipConfig:
     # Beta prior [alpha, beta] of a prompt's solve rate (posterior rule)
     prior: list[float] = field(default_factory=lambda: [0.5, 0.5])
     # per policy update, the factor on a prompt's evidence beyond the prior (1: no forgetting)
-    decay: float = 0.97
+    decay: float = 0.85
     # drop a carried group whose prompt's P(no spread) reached this before training (posterior rule)
     recheck: float = 0.9
     # skip a prompt whose P(no spread) is at least this (posterior rule)
-    threshold: float = 0.1
+    threshold: float = 0.2
     # target fraction of rolled-out groups that the filter drops; skip prob rises above it
     target: float = 0.1
     # consecutive filtered groups before a prompt becomes a skip candidate

@@ -475,9 +475,11 @@ class DynamicBatcher:
     def _draw(self, source, k: int) -> tuple[list[dict], int]:
         """k prompts to roll out, skipping candidates from the history. Terminates: a prompt is
         skipped at most ``skip.max_consecutive`` times in a row."""
-        if not self._skipping() or self.skip_prob <= 0:
-            return source.take(k), 0
         sc = self.cfg.skip
+        # skip_prob is the streak rule's controller; the posterior rule decides per prompt, and a
+        # well-predicted run (filtered fraction below skip.target) must not switch it off
+        if not self._skipping() or (sc.rule == "streak" and self.skip_prob <= 0):
+            return source.take(k), 0
         prob = min(self.skip_prob, sc.max_prob)
         chosen: list[dict] = []
         skipped = 0

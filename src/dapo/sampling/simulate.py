@@ -11,7 +11,12 @@ Figures per strategy (``--json`` prints ``{"config": ..., "strategies": {name: f
 rounds per step, generated groups per trained group, qualified ratio (kept groups / generated
 groups; ``qualified_ratio`` counts the steps after the warm-up, ``qualified_ratio_overall`` all
 steps), skipped prompts, staleness of trained groups, surplus dropped, generated tokens per
-trained token.
+trained token. The simulated policy improves at the same pace whatever it trains on, so the
+simulator has no accuracy of its own; two figures stand in for what a sampler costs learning:
+``trained_prompts`` (distinct prompts among the groups trained after the warm-up: how much of the
+data set training sees) and ``trained_reward_variance`` (mean p(1-p) of those groups' prompts
+under the policy that trains on them: the reward variance, i.e. the advantage signal, a group
+carries).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+from dapo.config.load import ConfigError
+from dapo.config.sampling import FilterGroupsConfig, SkipConfig, validate
 from dapo.sampling.batcher import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows
 
@@ -69,8 +75,11 @@ class Population:
         return float(np.mean(p**n + (1 - p) ** n))
 
 
-def default_strategies() -> dict[str, FilterGroupsConfig]:
-    base = FilterGroupsConfig(enable=True, metric="acc", on_exhausted="train")
+def default_strategies(skip: dict[str, Any] | None = None) -> dict[str, FilterGroupsConfig]:
+    """verl mode, ours and ours without each of its parts; ``skip`` overrides ``skip.*`` keys of
+    every strategy that skips."""
+    sk = dataclasses.replace(SkipConfig(), **(skip or {}))
+    base = FilterGroupsConfig(enable=True, metric="acc", on_exhausted="train", skip=sk)
     return {
         "verl": dataclasses.replace(base, strategy="verl"),
         "default": base,
@@ -78,6 +87,21 @@ def default_strategies() -> dict[str, FilterGroupsConfig]:
         "default_no_carry_over": dataclasses.replace(base, carry_over=False),
         "default_fixed_rounds": dataclasses.replace(base, adaptive_rounds=False),
     }
+
+
+def _skip_override(text: str) -> tuple[str, Any]:
+    """``--skip KEY=VALUE``: a ``skip.*`` key and its value (a JSON number or list, else a string)."""
+    key, sep, raw = text.partition("=")
+    fields = [f.name for f in dataclasses.fields(SkipConfig)]
+    if not sep or key not in fields:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected KEY=VALUE with KEY one of algorithm.filter_groups.skip.{{{','.join(fields)}}}"
+        )
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
 
 
 def simulate(
@@ -114,6 +138,8 @@ def simulate(
     stale_sum = 0.0
     stale_max = 0.0
     skipped_steps = 0
+    trained_prompts: set[int] = set()
+    variance: list[float] = []
     for s in range(steps):
         step = batcher.next_batch(source, rollout)
         m = step.metrics
@@ -126,6 +152,11 @@ def simulate(
         else:
             stale_sum += m["dynamic_sampling/staleness_mean"] * m["dynamic_sampling/trained_groups"]
             stale_max = max(stale_max, m["dynamic_sampling/staleness_max"])
+            if s >= warmup:
+                for i in step.batch.non_tensors["index"]:  # n rows per group: a mean over groups
+                    p = population.prob(int(i), batcher.version - 1)
+                    variance.append(p * (1.0 - p))
+                    trained_prompts.add(int(i))
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 4) if b else 0.0
@@ -154,6 +185,8 @@ def simulate(
         "gen_tokens_per_train_token": ratio(
             tot["dynamic_sampling/generated_response_tokens"], tot["dynamic_sampling/trained_response_tokens"]
         ),
+        "trained_prompts": len(trained_prompts),
+        "trained_reward_variance": round(float(np.mean(variance)), 4) if variance else 0.0,
         "epochs": source.epoch,
     }
 
@@ -197,6 +230,7 @@ def run_all(
             "seed": seed,
             "no_spread_fraction_start": round(pop.no_spread_fraction(n, 0), 4),
             "no_spread_fraction_end": round(pop.no_spread_fraction(n, steps), 4),
+            "skip": dataclasses.asdict(strategies["default"].skip) if "default" in strategies else None,
         },
         "strategies": out,
     }
@@ -212,6 +246,8 @@ COLUMNS = [
     ("staleness mean", "staleness_mean"),
     ("staleness max", "staleness_max"),
     ("gen tok/train tok", "gen_tokens_per_train_token"),
+    ("trained prompts", "trained_prompts"),
+    ("reward var", "trained_reward_variance"),
 ]
 
 
@@ -248,9 +284,21 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--easy", type=float, default=0.45, help="fraction of nearly-always-solved prompts")
     p.add_argument("--hard", type=float, default=0.30, help="fraction of nearly-never-solved prompts")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--skip",
+        type=_skip_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a skip.* key of the skipping strategies (repeatable), e.g. --skip threshold=0.1",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
+    strategies = default_strategies(dict(args.skip))
+    problems = validate(strategies["default"])
+    if problems:
+        raise ConfigError([f"--skip: {p}" for p in problems])
     result = run_all(
         steps=args.steps,
         train_batch_size=args.train_batch_size,
@@ -260,6 +308,7 @@ def _run(args: argparse.Namespace) -> int:
         easy=args.easy,
         hard=args.hard,
         seed=args.seed,
+        strategies=strategies,
     )
     if args.json:
         print(json.dumps(result, indent=2))
