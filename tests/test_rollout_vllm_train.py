@@ -109,7 +109,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _wait_gone(pgid: int, timeout_s: float = 60.0) -> bool:
+def _wait_gone(pgid: int, timeout_s: float = 300.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not _group_alive(pgid):
