@@ -344,46 +344,53 @@ def run_arm(arm: str, seed: int, steps: int, eval_every: int, out: Path, evaluat
     }
 
 
-def first_reaching(curve: list, target: float, col: int, x: int) -> float | None:
-    """``x`` column of the first evaluation whose ``col`` accuracy is at least ``target``."""
-    for point in curve:
-        if point[col] >= target - 1e-9:
+def first_reaching(curve: list, target: float, x: int) -> float | None:
+    """``x`` column of the first evaluation at which the sampled accuracy, averaged with the
+    evaluation before it, is at least ``target`` (so one lucky evaluation does not decide it)."""
+    for prev, point in zip(curve, curve[1:]):
+        if (prev[4] + point[4]) / 2 >= target - 1e-9:
             return point[x]
     return None
 
 
-def summarize(results: list[dict], arms: list[str], base: dict[str, float], col: int) -> list[dict]:
-    """Per arm, medians over seeds; the target is TRL's (or the first arm's) final accuracy of the
-    same seed, the mean of its last two evaluations so that one noisy evaluation does not decide it."""
+def late_acc(run: dict, col: int, last: int = 3) -> float:
+    """Held-out accuracy over the run's last ``last`` evaluations (the policy oscillates at this lr)."""
+    return statistics.mean(p[col] for p in run["curve"][-last:])
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(results: list[dict], arms: list[str], target: float) -> list[dict]:
+    """One row per arm: per-seed values, and ratios to the ``trl`` run of the same seed."""
     ref_arm = "trl" if "trl" in arms else arms[0]
+    refs = {r["seed"]: r for r in results if r["arm"] == ref_arm}
     table = []
     for arm in arms:
         runs = [r for r in results if r["arm"] == arm]
-        times, ratios, token_ratios = [], [], []
-        for r in runs:
-            ref = next(x for x in results if x["arm"] == ref_arm and x["seed"] == r["seed"])
-            target = statistics.mean(p[col] for p in ref["curve"][-2:])
-            t = first_reaching(r["curve"], target, col, 1)
-            tok = first_reaching(r["curve"], target, col, 2)
-            t_ref = first_reaching(ref["curve"], target, col, 1)
-            tok_ref = first_reaching(ref["curve"], target, col, 2)
-            times.append(t)
-            ratios.append(t / t_ref if t is not None and t_ref else None)
-            token_ratios.append(tok / tok_ref if tok is not None and tok_ref else None)
-        ref_steps = {x["seed"]: x["step_s_median"] for x in results if x["arm"] == ref_arm}
+        time_ratios = [
+            ratio(first_reaching(r["curve"], target, 1), first_reaching(refs[r["seed"]]["curve"], target, 1))
+            for r in runs
+        ]
+        token_ratios = [
+            ratio(first_reaching(r["curve"], target, 2), first_reaching(refs[r["seed"]]["curve"], target, 2))
+            for r in runs
+        ]
         table.append(
             {
                 "arm": arm,
-                "final_acc": [r["curve"][-1][col] for r in runs],
-                "final_acc_mean": statistics.mean(r["curve"][-1][col] for r in runs),
+                "late_acc": [late_acc(r, 4) for r in runs],
+                "late_acc_greedy": [late_acc(r, 3) for r in runs],
                 "train_s": [r["train_s"] for r in runs],
                 "step_ratio_vs_ref": statistics.median(
-                    r["step_s_median"] / ref_steps[r["seed"]] for r in runs
+                    r["step_s_median"] / refs[r["seed"]]["step_s_median"] for r in runs
                 ),
                 "gen_sequences_per_step": statistics.mean(r["gen_sequences_per_step"] for r in runs),
                 "gen_tokens_per_step": statistics.mean(r["gen_tokens_per_step"] for r in runs),
-                "time_to_target_s": times,
-                "time_ratio_vs_ref": ratios,
+                "steps_to_target": [first_reaching(r["curve"], target, 0) for r in runs],
+                "time_to_target_s": [first_reaching(r["curve"], target, 1) for r in runs],
+                "time_ratio_vs_ref": time_ratios,
                 "token_ratio_vs_ref": token_ratios,
             }
         )
@@ -430,6 +437,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=["trl", "dapo", "dapo-nofilter"])
+    ap.add_argument(
+        "--target", type=float, default=0.55, help="held-out sampled accuracy for the time-to-target columns"
+    )
     ap.add_argument("--eval-prompts", type=int, default=None, help="score only the first N held-out prompts")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
     ap.add_argument("--plot", type=Path, default=None, help="write accuracy vs steps / time / tokens (PNG)")
@@ -470,9 +480,9 @@ def main() -> int:
     summary = {
         "steps": args.steps,
         "seeds": args.seeds,
+        "target": args.target,
         "base_acc": base,
-        "sampled": summarize(results, args.arms, base, 4),
-        "greedy": summarize(results, args.arms, base, 3),
+        "arms": summarize(results, args.arms, args.target),
         "runs": results,
         "out_dir": str(out),
     }
@@ -483,22 +493,28 @@ def main() -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(
-        f"{args.steps} steps, seeds {args.seeds}; base model: greedy {base['greedy']:.3f}, sampled {base['sampled']:.3f}"
+        f"{args.steps} steps, seeds {args.seeds}; base model held-out accuracy: sampled "
+        f"{base['sampled']:.3f}, greedy {base['greedy']:.3f}; target: sampled {args.target} "
+        "(mean of two consecutive evaluations); ratios are to trl's run of the same seed"
     )
-    for col in ("sampled", "greedy"):
-        ref = "trl" if "trl" in args.arms else args.arms[0]
-        print(f"\nheld-out accuracy ({col}); target: {ref}'s final accuracy of the same seed")
+    cols = [
+        ("late acc (sampled)", "late_acc", ".3f"),
+        ("late acc (greedy)", "late_acc_greedy", ".3f"),
+        ("train s", "train_s", ".0f"),
+        ("steps to target", "steps_to_target", ".0f"),
+        ("s to target", "time_to_target_s", ".0f"),
+        ("time/trl", "time_ratio_vs_ref", ".2f"),
+        ("tokens/trl", "token_ratio_vs_ref", ".2f"),
+    ]
+    print(
+        f"{'arm':<14} {'step/trl':>8} {'seq/step':>8} {'tok/step':>8} "
+        + " ".join(f"{c[0]:>20}" for c in cols)
+    )
+    for t in summary["arms"]:
         print(
-            f"{'arm':<14} {'final acc':>20} {'step/ref':>8} {'seq/step':>8} {'tok/step':>8}"
-            f" {'train s':>16} {'s to target':>16} {'time/ref':>16} {'tokens/ref':>16}"
+            f"{t['arm']:<14} {t['step_ratio_vs_ref']:>8.2f} {t['gen_sequences_per_step']:>8.0f}"
+            f" {t['gen_tokens_per_step']:>8.0f} " + " ".join(f"{fmt_list(t[k], f):>20}" for _, k, f in cols)
         )
-        for t in summary[col]:
-            print(
-                f"{t['arm']:<14} {fmt_list(t['final_acc'], '.3f'):>20} {t['step_ratio_vs_ref']:>8.2f}"
-                f" {t['gen_sequences_per_step']:>8.0f} {t['gen_tokens_per_step']:>8.0f}"
-                f" {fmt_list(t['train_s'], '.0f'):>16} {fmt_list(t['time_to_target_s'], '.0f'):>16}"
-                f" {fmt_list(t['time_ratio_vs_ref'], '.2f'):>16} {fmt_list(t['token_ratio_vs_ref'], '.2f'):>16}"
-            )
     print("\ncurves (step: train s, sampled acc)")
     for r in results:
         print(
