@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 EXTRAS ?= dev
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-vllm demo test test-fast lint clean-venv browser sandbox
+.PHONY: venv venv-vllm venv-trl demo test test-fast lint clean-venv browser sandbox
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,23 @@ $(VENV)/.vllm: $(VENV)/.installed
 	@touch $@
 
 venv-vllm: $(VENV)/.vllm
+
+# benchmarks/trl_compare.py only: TRL's GRPOTrainer beside dapo, in a venv of its own so that TRL and
+# what it pulls in (datasets, pandas, ...) never enter .venv; not a dependency of test or demo
+TRL_VENV ?= .venv-trl
+$(TRL_VENV)/.installed: pyproject.toml Makefile
+	@test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
+	@$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(TRL_VENV)/bin/python -m pip install -q torch; \
+	else \
+		$(TRL_VENV)/bin/python -m pip install -q $(TORCH_CPU); \
+	fi
+	@$(TRL_VENV)/bin/python -m pip install -q -e '.[bench-trl]'
+	@$(TRL_VENV)/bin/python -c "import trl, dapo" || { echo "trl or dapo does not import in $(TRL_VENV)"; exit 1; }
+	@touch $@
+
+venv-trl: $(TRL_VENV)/.installed
 
 demo: venv
 	$(VENV)/bin/dapo train
