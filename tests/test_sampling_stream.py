@@ -170,3 +170,25 @@ def test_state_round_trip_gives_the_same_next_step():
     assert got.metrics == want.metrics
     assert got.batch.non_tensors["index"].tolist() == want.batch.non_tensors["index"].tolist()
     assert torch.equal(got.batch.tensors["responses"], want.batch.tensors["responses"])
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ([], "needs actor_rollout_ref.rollout.name=vllm, got 'hf'"),
+        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=server"], "placement"),
+        (
+            ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=true"],
+            "multi_turn",
+        ),
+    ],
+)
+def test_validate_refuses_stream_off_the_colocated_engine(overrides, says, capsys):
+    from dapo.cli import main
+
+    base = ["validate", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.strategy=stream"]
+    assert main(base + overrides) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dapo:")
+    assert any("algorithm.filter_groups.strategy=stream" in x and says in x for x in err.splitlines()), err
+    assert main([*base, "actor_rollout_ref.rollout.name=vllm"]) == 0

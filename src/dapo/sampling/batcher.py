@@ -101,6 +101,7 @@ class _Stats:
     carried_in: int = 0
     shaped_slip: int = 0
     aborted_groups: int = 0  # strategy stream: groups still in flight when the batch was full
+    aborted_tokens: float = 0.0  # strategy stream: the response tokens those groups had generated
     refills: int = 0  # strategy stream: times prompts were submitted
     round_sizes: list[int] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)
@@ -466,6 +467,7 @@ class DynamicBatcher:
         finally:
             groups, tokens = stream.abort()
             st.aborted_groups += groups
+            st.aborted_tokens += tokens
             st.generated_groups += groups
             st.generated_tokens += tokens
         st.refills = len(st.round_sizes)
@@ -676,6 +678,7 @@ class DynamicBatcher:
             m[P + "staleness_max"] = 0.0
         if self.cfg.strategy == "stream":
             m[P + "aborted_groups"] = st.aborted_groups
+            m[P + "aborted_response_tokens"] = st.aborted_tokens
             m[P + "stream_refills"] = st.refills
         if self.cfg.filter_rule == "band" and self.cfg.strategy != "verl":
             lo, hi = self.band
