@@ -25,9 +25,10 @@ def cfg(**kw) -> FilterGroupsConfig:
 
 
 def test_refill_rule():
-    # no estimate: fill the engine; an estimate: ceil(need * (1 + margin) / rate) in flight
-    assert stream_refill(4, 0, 8, None, 0.1) == 8
-    assert stream_refill(4, 3, 8, None, 0.1) == 5
+    # ceil(need * (1 + margin) / rate) in flight, the rate taken as 1 without an estimate
+    assert stream_refill(4, 0, 8, None, 0.1) == 5
+    assert stream_refill(4, 3, 8, None, 0.1) == 2
+    assert stream_refill(10, 0, 8, None, 0.1) == 8  # capped at capacity
     assert stream_refill(4, 0, 16, 0.5, 0.0) == 8
     assert stream_refill(4, 5, 16, 0.5, 0.0) == 3
     assert stream_refill(4, 0, 16, 0.5, 0.1) == 9  # ceil(8.8)
@@ -46,13 +47,14 @@ def _run(table, B=3, gen=6, n=2, steps=1, **kw):
 
 
 def test_stops_at_batch_size_aborts_the_rest_and_counts_their_tokens():
-    # prompts 0..5 in flight at once (gen_batch_size 6); 1 and 3 are all-wrong, the rest spread
+    # prompts 1 and 3 are all-wrong, the rest spread
     table = {i: [[0, 0]] if i in (1, 3) else [[0, 1]] for i in range(12)}
     b, stream, (s,) = _run(table, B=3, gen=6, skip=SkipConfig(enable=False))
     m = s.metrics
     assert s.action == "train" and s.num_groups == 3
     finished = m[P + "kept_groups"] + m[P + "filtered_groups"]
-    # 6 at once (gen_batch_size), refilled as groups finish while the engine is not expected to fill B
+    # ceil(3 * 1.1) = 4 at first (no kept-rate estimate yet: taken as 1), refilled as 1 and 3 are
+    # filtered and the estimate drops
     launched = len(stream.submitted)
     assert launched >= 6 and m[P + "generated_groups"] == finished + m[P + "aborted_groups"] == launched
     assert m[P + "aborted_groups"] == launched - finished > 0
@@ -104,6 +106,14 @@ def test_budget_bounds_launched_prompts_and_on_exhausted_train():
     assert s.action == "train" and s.num_groups == 1
     assert s.metrics[P + "partial_step"] == 1.0 and s.metrics["train/num_gen_batches"] == 2
     assert s.metrics[P + "aborted_groups"] == 0
+
+
+def test_adaptive_rounds_off_keeps_the_engine_full():
+    table = {i: [[0, 1]] for i in range(40)}
+    b, stream, (s,) = _run(table, B=2, gen=7, adaptive_rounds=False, skip=SkipConfig(enable=False))
+    assert stream.max_in_flight == 7 and s.num_groups == 2
+    b, stream, (s,) = _run(table, B=2, gen=7, skip=SkipConfig(enable=False))
+    assert stream.max_in_flight == 3  # ceil(2 * 1.1)
 
 
 def test_needs_a_stream():

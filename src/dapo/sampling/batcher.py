@@ -476,9 +476,10 @@ class DynamicBatcher:
 
     def _stream_rate(self, finished: int, kept: int) -> float | None:
         """The kept rate the refill plans with: the running estimate from earlier steps, else this
-        step's groups so far (with one pseudo-group each way), else unknown (fill the engine)."""
+        step's groups so far (with one pseudo-group each way), else unknown. ``adaptive_rounds``
+        off: 0, which keeps the engine full (``data.gen_batch_size`` groups in flight)."""
         if not self.cfg.adaptive_rounds:
-            return None
+            return 0.0
         if self.kept_rate is not None:
             return self.kept_rate
         return (kept + 1) / (finished + 2) if finished else None

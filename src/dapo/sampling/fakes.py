@@ -158,6 +158,7 @@ class FakeGroupStream:
         self._flight: list[tuple[int, dict, Batch, list[int]]] = []  # (start, row, batch, lengths)
         self.submitted: list[dict] = []
         self.aborted_tokens = 0.0
+        self.max_in_flight = 0
 
     @property
     def in_flight(self) -> int:
@@ -169,6 +170,7 @@ class FakeGroupStream:
             lengths = b.tensors["response_mask"].sum(-1).to(torch.int64).tolist()
             self._flight.append((self.clock, row, b, lengths))
             self.submitted.append(row)
+        self.max_in_flight = max(self.max_in_flight, len(self._flight))
 
     def wait(self) -> tuple[list[dict], Batch]:
         if not self._flight:

@@ -40,15 +40,15 @@ def stream_refill(need: int, in_flight: int, capacity: int, rate: float | None, 
     """How many new groups to submit when ``need`` more kept groups are wanted and ``in_flight``
     are running.
 
-    With a kept-rate estimate ``rate``, the groups in flight should be expected to bring
-    ``need * (1 + margin)`` kept groups: ``ceil(need * (1 + margin) / rate)`` in flight (the rate
-    is floored at 0.02). Without one, the engine is filled. Never more than ``capacity`` in flight,
-    and never none while groups are needed (so the step cannot stall).
+    The groups in flight should be expected to bring ``need * (1 + margin)`` kept groups:
+    ``ceil(need * (1 + margin) / rate)`` in flight, with the rate floored at 0.02 and taken as 1
+    when there is no estimate yet (optimistic: filtered groups are replaced as they finish, while
+    every group still running when the batch is full is wasted work). Never more than
+    ``capacity`` in flight, and never none while groups are needed (so the step cannot stall).
     """
     if need <= 0:
         return 0
-    target = capacity
-    if rate is not None:
-        target = min(capacity, max(1, math.ceil(need * (1.0 + margin) / max(rate, 0.02))))
+    r = 1.0 if rate is None else max(rate, 0.02)
+    target = min(capacity, max(1, math.ceil(need * (1.0 + margin) / r)))
     want = max(0, target - in_flight)
     return max(want, 1) if in_flight == 0 else want
