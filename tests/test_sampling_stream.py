@@ -191,6 +191,7 @@ def test_state_round_trip_gives_the_same_next_step():
             ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=true"],
             "multi_turn",
         ),
+        (["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=remax"], "remax"),
     ],
 )
 def test_validate_refuses_stream_off_the_colocated_engine(overrides, says, capsys):

@@ -361,6 +361,9 @@ def _stream_problems(cfg: Any) -> list[str]:
         ]
     if rollout.multi_turn.enable:
         return [f"{key}: single-turn rollouts only; set actor_rollout_ref.rollout.multi_turn.enable=false"]
+    if cfg.algorithm.adv_estimator == "remax":
+        # ReMax's greedy baseline is a batched generate on the same engine, mid-stream
+        return [f"{key}: not with algorithm.adv_estimator=remax (its greedy baseline); use strategy=default"]
     return []
 
 
