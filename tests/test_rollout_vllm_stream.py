@@ -65,6 +65,18 @@ def test_stream_samples_like_generate_and_counts_aborted_tokens(eos_model_dir):
         ends = [max(len(t) for t, _, _ in got[rid]) for rid in order]
         assert ends == sorted(ends)
 
+        # greedy asks vLLM for one sample per prompt (it refuses n > 1 greedy); the group completes
+        greedy = SamplingParams(n=2, do_sample=False, temperature=0.0, response_length=40)
+        stream = eng.stream(greedy)
+        gids = stream.submit(PROMPTS)
+        done = dict(stream.wait())
+        while stream.in_flight:
+            done.update(stream.wait())
+        want = eng.generate(PROMPTS, greedy)
+        for i, rid in enumerate(gids):
+            ((toks, _, _),) = done[rid]
+            assert toks == want.responses[2 * i, : len(toks)].tolist()
+
         # abort: the groups still running had generated tokens, and they are all counted
         stream = eng.stream(params)
         stream.submit(PROMPTS * 4)

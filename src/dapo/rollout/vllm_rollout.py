@@ -397,12 +397,13 @@ class VllmGroupStream:
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=r.generator).tolist()
         ids = []
         for p, seed in zip(prompt_ids, seeds):
-            sp = VllmSamplingParams(**sampling_fields(self.params, r.eos_token_ids, seed))
+            fields = sampling_fields(self.params, r.eos_token_ids, seed)
+            sp = VllmSamplingParams(**fields)
             sp.output_kind = self._kind
             rid = f"dapo-stream-{id(self):x}-{self._submitted}"
             (prompt,) = r.llm.renderer.render_cmpl([{"prompt_token_ids": list(p)}])
             self._engine.add_request(rid, prompt, sp)
-            n = int(self.params.n)
+            n = int(fields["n"])  # greedy: one sample, which to_rollout_output repeats
             self._flight[rid] = (self._submitted, [[] for _ in range(n)], [[] for _ in range(n)], [None] * n)
             self._submitted += 1
             ids.append(rid)
