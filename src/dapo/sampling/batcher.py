@@ -476,13 +476,14 @@ class DynamicBatcher:
 
     def _stream_rate(self, finished: int, kept: int) -> float | None:
         """The kept rate the refill plans with: the running estimate from earlier steps, else this
-        step's groups so far (with one pseudo-group each way), else unknown. ``adaptive_rounds``
-        off: 0, which keeps the engine full (``data.gen_batch_size`` groups in flight)."""
+        step's groups so far on top of one kept pseudo-group (the optimistic start that
+        ``stream_refill`` uses before any evidence), else unknown. ``adaptive_rounds`` off: 0,
+        which keeps the engine full (``data.gen_batch_size`` groups in flight)."""
         if not self.cfg.adaptive_rounds:
             return 0.0
         if self.kept_rate is not None:
             return self.kept_rate
-        return (kept + 1) / (finished + 2) if finished else None
+        return (kept + 1) / (finished + 1) if finished else None
 
     def _pool_info(self) -> dict[str, Any]:
         return {"pool": len(self.pool), "skip_prob": self.skip_prob, "kept_rate_estimate": self.kept_rate}
