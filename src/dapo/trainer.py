@@ -273,9 +273,15 @@ class Trainer:
             return prefetched
         self.rollout.sync_weights(self.timer)
         ctx = GenContext(timer=self.timer)
-        sampled = self.batcher.next_batch(
-            self.sampler, partial(self.round, ctx=ctx), on_round=progress.on_round
-        )
+        fg = self.cfg.algorithm.filter_groups
+        stream = self.round.stream(ctx) if fg.enable and fg.strategy == "stream" else None
+        try:
+            sampled = self.batcher.next_batch(
+                self.sampler, partial(self.round, ctx=ctx), on_round=progress.on_round, stream=stream
+            )
+        finally:
+            if stream is not None:
+                stream.close()
         return sampled, ctx
 
     def _start_prefetch(self, progress: StepProgress) -> bool:

@@ -14,6 +14,14 @@ Strategies:
 * ``"default"``: ours. Surplus kept groups stay in a pool for later steps (bounded staleness),
   rounds are sized from the observed kept rate, prompts whose recent groups were filtered are
   skipped before rollout (with exploration), and the filter compares raw values exactly.
+* ``"stream"``: ours, on the vLLM engine in the trainer's process. Like ``"default"`` (the same
+  filter, pool, staleness bound and skipping), but prompts go to the engine group by group: each
+  group is scored and filtered the moment its ``n`` samples are done, new prompts are submitted
+  while the groups in flight are not expected to fill the batch (at most ``data.gen_batch_size``
+  in flight), and generation stops as soon as ``train_batch_size`` groups are kept: finished
+  surplus goes to the pool, groups still in flight are aborted (their tokens count as generated).
+  ``max_num_gen_batches`` bounds the prompts launched per step to that many times
+  ``data.gen_batch_size``.
 
 With ``enable=False`` the batcher does one round of ``data.gen_batch_size`` prompts and hands
 back the whole generated batch, untrimmed (verl quirk Q2: with ``gen_batch_size >
@@ -27,7 +35,7 @@ from dataclasses import dataclass, field
 
 KEY = "algorithm.filter_groups"
 
-STRATEGIES = ("default", "verl")
+STRATEGIES = ("default", "verl", "stream")
 ON_EXHAUSTED = ("error", "train", "skip")
 FILTER_RULES = ("zero_spread", "band")
 BUILTIN_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
@@ -118,7 +126,9 @@ class FilterGroupsConfig:
     metric: str | None = "acc"
     # verl: at most this many generation rounds per training step; <= 0 means no limit
     max_num_gen_batches: int = 0
-    # "default" (ours: carry-over, adaptive rounds, skipping) or "verl" (the recipe, exactly)
+    # "default" (ours: carry-over, adaptive rounds, skipping), "verl" (the recipe, exactly) or
+    # "stream" (ours, vLLM in-process only: default's filter and pool, groups streamed one by one,
+    # generation stops the moment the batch is full)
     strategy: str = "default"
     # when max_num_gen_batches runs out: "error" (stop; verl's behaviour), "train" (train on the
     # groups collected so far, fewer than train_batch_size) or "skip" (no update this step;
@@ -189,8 +199,8 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
         bad("max_staleness", f"must be an integer >= 0 (policy updates), got {cfg.max_staleness!r}")
     if not isinstance(cfg.prefetch, bool):
         bad("prefetch", f"must be true or false, got {cfg.prefetch!r}")
-    elif cfg.prefetch and cfg.strategy == "verl":
-        bad("prefetch", "needs strategy default (verl mode keeps the recipe's sequential semantics)")
+    elif cfg.prefetch and cfg.strategy != "default":
+        bad("prefetch", f"needs strategy default, got strategy={cfg.strategy!r}")
     elif cfg.prefetch and _is_int(cfg.max_staleness) and cfg.max_staleness < 1:
         bad(
             "prefetch",

@@ -181,6 +181,7 @@ def validate(cfg: Any) -> list[str]:
     )
     if rollout.name == "vllm":
         p.extend(_vllm_problems(rollout, cfg))
+    p.extend(_stream_problems(cfg))
 
     # tools: loading the tool config builds each tool, which checks its own config (the code
     # interpreter refuses to start without an OS sandbox unless its config opts in to the weak mode)
@@ -341,6 +342,29 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
             "set algorithm.filter_groups.prefetch=false"
         )
     return p
+
+
+def _stream_problems(cfg: Any) -> list[str]:
+    """strategy=stream talks to vLLM's engine request by request: the in-process engine only."""
+    fg, rollout = cfg.algorithm.filter_groups, cfg.actor_rollout_ref.rollout
+    if not (fg.enable and fg.strategy == "stream"):
+        return []
+    key = "algorithm.filter_groups.strategy=stream"
+    if rollout.name != "vllm":
+        return [
+            f"{key}: needs actor_rollout_ref.rollout.name=vllm, got {rollout.name!r}; or use strategy=default"
+        ]
+    if rollout.placement != "colocated":
+        return [
+            f"{key}: needs actor_rollout_ref.rollout.placement=colocated (the vLLM server placement "
+            f"cannot abort requests yet), got {rollout.placement!r}; or use strategy=default"
+        ]
+    if rollout.multi_turn.enable:
+        return [f"{key}: single-turn rollouts only; set actor_rollout_ref.rollout.multi_turn.enable=false"]
+    if cfg.algorithm.adv_estimator == "remax":
+        # ReMax's greedy baseline is a batched generate on the same engine, mid-stream
+        return [f"{key}: not with algorithm.adv_estimator=remax (its greedy baseline); use strategy=default"]
+    return []
 
 
 def _budget_ok(value: Any) -> bool:

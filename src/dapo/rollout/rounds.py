@@ -11,8 +11,9 @@ import torch
 
 from dapo.algo.kl import apply_kl_penalty
 from dapo.batch import Batch
-from dapo.rollout.hf import SamplingParams
+from dapo.rollout.hf import SamplingParams, left_pad
 from dapo.rollout.runner import RolloutRunner
+from dapo.rollout.vllm_rollout import to_rollout_output
 from dapo.sampling.prefetch import GenContext
 
 
@@ -34,6 +35,10 @@ class GenerationRound:
         """``rows``' trajectories with ``token_level_scores`` and ``token_level_rewards``."""
         with ctx.timer("gen"):
             batch = self.generate(rows, self.rollout.sampling_params(), ctx)
+        return self.finish(rows, batch, ctx)
+
+    def finish(self, rows: list[dict], batch: Batch, ctx: GenContext) -> Batch:
+        """Score generated trajectories: rewards, ReMax's baseline, the in-reward KL penalty."""
         with ctx.timer("reward"):
             self.score(batch, ctx)
         if self.algorithm.adv_estimator == "remax":
@@ -55,6 +60,11 @@ class GenerationRound:
         else:
             batch.tensors["token_level_rewards"] = batch.tensors["token_level_scores"].clone()
         return batch
+
+    def stream(self, ctx: GenContext) -> RoundStream:
+        """Groups streamed through the engine (``algorithm.filter_groups.strategy=stream``), scored
+        like a round's as they finish."""
+        return RoundStream(self, ctx)
 
     def generate(self, rows: list[dict], params: SamplingParams, ctx: GenContext) -> Batch:
         batch, tool_metrics = self.rollout.generate(rows, params)
@@ -83,3 +93,49 @@ class GenerationRound:
         with ctx.timer("reward"):
             scores, _ = self.reward_fn(greedy)[:2]
         return scores.sum(-1).repeat_interleave(n)
+
+
+class RoundStream:
+    """The batcher's :class:`~dapo.sampling.stream.GroupStream` on the vLLM engine: prompt rows in,
+    scored groups out; the engine's time is timed as ``gen``, scoring as ``reward``."""
+
+    def __init__(self, round_: GenerationRound, ctx: GenContext):
+        self.round, self.ctx = round_, ctx
+        runner = round_.rollout
+        self.params = runner.sampling_params()
+        self.engine_stream = runner.engine.stream(self.params)
+        self.prompt_width, self.pad_id = runner.prompt_width, runner.engine.pad_token_id
+        self._rows: dict[str, dict] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return self.engine_stream.in_flight
+
+    def submit(self, rows: list[dict]) -> None:
+        with self.ctx.timer("gen"):
+            ids = self.engine_stream.submit([r["prompt_ids"] for r in rows])
+        self._rows.update(zip(ids, rows))
+
+    def wait(self) -> tuple[list[dict], Batch]:
+        with self.ctx.timer("gen"):
+            done = self.engine_stream.wait()
+            rows = [self._rows.pop(rid) for rid, _ in done]
+            prompts, _ = left_pad([r["prompt_ids"] for r in rows], self.prompt_width, self.pad_id)
+            out = to_rollout_output(
+                [samples for _, samples in done],
+                prompts,
+                self.params.n,
+                self.params.response_length,
+                self.pad_id,
+            )
+            batch = out.to_batch(rows)
+        return rows, self.round.finish(rows, batch, self.ctx)
+
+    def abort(self) -> tuple[int, float]:
+        with self.ctx.timer("gen"):
+            groups, tokens = self.engine_stream.abort()
+        self._rows.clear()
+        return groups, float(tokens)
+
+    def close(self) -> None:
+        self.engine_stream.close()

@@ -330,6 +330,10 @@ class VllmRollout(VllmEngineBase):
             self._sleep()
         return [completion_rows(o) for o in outs]
 
+    def stream(self, params: SamplingParams) -> VllmGroupStream:
+        """A stream of groups on this engine (``algorithm.filter_groups.strategy=stream``)."""
+        return VllmGroupStream(self, params)
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load the actor's current weights into the engine and drop blocks cached with the old ones."""
         weights = state_dict_for_vllm(model)
@@ -356,3 +360,95 @@ class VllmRollout(VllmEngineBase):
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             del llm
+
+
+class VllmGroupStream:
+    """Groups in flight on the in-process engine, one vLLM request of ``n`` samples per prompt.
+
+    The request carries the same sampling fields and the same kind of seed (one draw from the
+    rollout's generator per prompt, in submission order) as :meth:`VllmEngineBase.generate`, so
+    a group's samples do not depend on how it was submitted. Outputs come back as deltas
+    (``RequestOutputKind.DELTA``) every engine step, so the tokens of a group that is aborted
+    half-way are known and counted. :meth:`abort` leaves the engine with no request, which the
+    weight sync after the step needs (the prefix-cache reset refuses while requests run).
+    """
+
+    def __init__(self, rollout: VllmRollout, params: SamplingParams):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.rollout, self.params = rollout, params
+        self._kind = RequestOutputKind.DELTA
+        self._engine = rollout.llm.llm_engine
+        # request id -> (submission number, per sample: token ids, log-probs, finish reason)
+        self._flight: dict[str, tuple[int, list[list], list[list], list[str | None]]] = {}
+        self._rows: dict[str, list[int]] = {}
+        self._submitted = 0
+        rollout._wake()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flight)
+
+    def submit(self, prompt_ids: list[list[int]]) -> list[str]:
+        """Start one group per prompt; their request ids, in order."""
+        from vllm import SamplingParams as VllmSamplingParams
+
+        r = self.rollout
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=r.generator).tolist()
+        ids = []
+        for p, seed in zip(prompt_ids, seeds):
+            fields = sampling_fields(self.params, r.eos_token_ids, seed)
+            sp = VllmSamplingParams(**fields)
+            sp.output_kind = self._kind
+            rid = f"dapo-stream-{id(self):x}-{self._submitted}"
+            (prompt,) = r.llm.renderer.render_cmpl([{"prompt_token_ids": list(p)}])
+            self._engine.add_request(rid, prompt, sp)
+            n = int(fields["n"])  # greedy: one sample, which to_rollout_output repeats
+            self._flight[rid] = (self._submitted, [[] for _ in range(n)], [[] for _ in range(n)], [None] * n)
+            self._submitted += 1
+            ids.append(rid)
+        return ids
+
+    def wait(self) -> list[tuple[str, list[tuple[list[int], list[float], bool]]]]:
+        """Step the engine until at least one group has all its samples; those groups (in
+        submission order) as ``(request id, per sample (token ids, log-probs, stopped on EOS))``."""
+        if not self._flight:
+            raise RuntimeError("wait() with no group in flight")
+        while True:
+            done = []
+            for out in self._engine.step():
+                entry = self._flight.get(out.request_id)
+                if entry is None:
+                    continue
+                _, toks, lps, reasons = entry
+                for c in out.outputs:
+                    new = list(c.token_ids)
+                    toks[c.index].extend(new)
+                    lps[c.index].extend(float(step[t].logprob) for t, step in zip(new, c.logprobs or []))
+                    if c.finish_reason is not None:
+                        reasons[c.index] = c.finish_reason
+                if all(x is not None for x in reasons):
+                    done.append(out.request_id)
+            if done:
+                finished = sorted(
+                    {rid: self._flight.pop(rid) for rid in done}.items(), key=lambda kv: kv[1][0]
+                )
+                return [
+                    (rid, [(t, lp, why == "stop") for t, lp, why in zip(toks, lps, reasons)])
+                    for rid, (_, toks, lps, reasons) in finished
+                ]
+            if not self._engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM has no request left but {len(self._flight)} groups never finished")
+
+    def abort(self) -> tuple[int, int]:
+        """Abort every group in flight: how many, and the response tokens they had generated."""
+        rids = list(self._flight)
+        tokens = sum(len(t) for _, toks, _, _ in self._flight.values() for t in toks)
+        if rids:
+            self._engine.abort_request(rids)
+        self._flight.clear()
+        return len(rids), tokens
+
+    def close(self) -> None:
+        self.abort()
+        self.rollout._sleep()

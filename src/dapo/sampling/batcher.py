@@ -27,6 +27,7 @@ from dapo.config.sampling import KEY, FilterGroupsConfig, validate
 from dapo.run_records import FATES
 from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
+from dapo.sampling.stream import GroupStream, stream_refill
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ class _Stats:
     recheck_dropped: int = 0
     carried_in: int = 0
     shaped_slip: int = 0
+    aborted_groups: int = 0  # strategy stream: groups still in flight when the batch was full
+    aborted_tokens: float = 0.0  # strategy stream: the response tokens those groups had generated
+    refills: int = 0  # strategy stream: times prompts were submitted
     round_sizes: list[int] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)
 
@@ -219,14 +223,23 @@ class DynamicBatcher:
         generate: GenerateFn,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         lag: int = 0,
+        stream: GroupStream | None = None,
     ) -> SampledStep:
         """One training step's batch. ``lag``: policy updates that will land between generation and
         training; 1 when the trainer generates while the previous step's update runs
-        (``algorithm.filter_groups.prefetch``), so those groups count as one update stale."""
+        (``algorithm.filter_groups.prefetch``), so those groups count as one update stale.
+        ``stream``: the engine's group stream, which strategy ``stream`` generates with (instead
+        of ``generate``)."""
         self.calls += 1
         st = _Stats(gen_version=self.version - lag)
         if not self.cfg.enable:
             step = self._step_unfiltered(source, generate, st, on_round)
+        elif self.cfg.strategy == "stream":
+            if stream is None:
+                raise ValueError(
+                    f"{KEY}.strategy=stream needs a group stream (actor_rollout_ref.rollout.name=vllm)"
+                )
+            step = self._step_stream(source, stream, st, on_round)
         elif self.cfg.strategy == "verl":
             step = self._step_verl(source, generate, st, on_round)
         else:
@@ -247,7 +260,13 @@ class DynamicBatcher:
         return PromptHistory.from_state_dict(state, prior, float(sc.decay))
 
     def _generate(self, rows: list[dict], generate: GenerateFn, st: _Stats) -> Batch:
-        b = generate(rows)
+        b = self._tag(rows, generate(rows), st)
+        st.rounds += 1
+        st.round_sizes.append(len(rows))
+        return b
+
+    def _tag(self, rows: list[dict], b: Batch, st: _Stats) -> Batch:
+        """Give ``rows``' generated groups their uids, policy version and prompt index, and count them."""
         if len(b) != len(rows) * self.n:
             raise ValueError(
                 f"generate() returned {len(b)} trajectories for {len(rows)} prompts with n={self.n}; "
@@ -264,10 +283,8 @@ class DynamicBatcher:
             for i, r in enumerate(rows):
                 idx[i * self.n : (i + 1) * self.n] = r.get("index")
             b["index"] = idx
-        st.rounds += 1
         st.generated_groups += len(rows)
         st.generated_tokens += _response_tokens(b)
-        st.round_sizes.append(len(rows))
         return b
 
     def _count(self, outcomes: list[GroupOutcome], st: _Stats) -> None:
@@ -377,14 +394,7 @@ class DynamicBatcher:
     def _step_default(self, source, generate, st: _Stats, on_round) -> SampledStep:
         cfg = self.cfg
         B = self.train_batch_size
-        # groups older than max_staleness policy updates are never trained on
-        live = []
-        for g in self.pool:
-            if self.version - g.version > cfg.max_staleness:
-                st.stale_dropped += 1
-            else:
-                live.append(g)
-        self.pool = live
+        self._drop_stale(st)
         fresh: list[_Group] = []
         have = len(self.pool)
         exhausted = None
@@ -408,39 +418,117 @@ class DynamicBatcher:
             rows, skipped = self._draw(source, self._round_size(B - have))
             st.skipped_prompts += skipped
             b = self._generate(rows, generate, st)
-            outcomes = classify(b, cfg.metric, rule=cfg.filter_rule, band=self.band)
-            self._count(outcomes, st)
-            st.record(b, outcomes)
-            kept_now = 0
-            index_col = b.non_tensors["index"]
-            correct = _correct_values(b)
-            for o in outcomes:
-                idx = index_col[o.rows[0]]
-                idx = None if idx is None else int(idx)
-                if idx is not None:
-                    self.history.record(
-                        idx,
-                        filtered=not o.kept,
-                        mean=o.mean,
-                        correct=None if correct is None else sum(correct[i] for i in o.rows.tolist()),
-                        n=len(o.rows),
-                        version=self.version,
-                    )
-                if o.kept:
-                    fresh.append(_Group(b.select(o.rows), st.gen_version, idx))
-                    kept_now += 1
+            kept_now = self._filter_into(b, st, fresh)
             have += kept_now
             self._adapt(len(rows), kept_now)
-            self._report(
-                on_round,
-                st,
-                have,
-                {
-                    "pool": len(self.pool),
-                    "skip_prob": self.skip_prob,
-                    "kept_rate_estimate": self.kept_rate,
-                },
-            )
+            self._report(on_round, st, have, self._pool_info())
+        return self._take_from_pool(fresh, exhausted, st)
+
+    def _step_stream(self, source, stream: GroupStream, st: _Stats, on_round) -> SampledStep:
+        """Groups go to the engine one by one and are filtered as each finishes; the engine is
+        refilled while the groups in flight are not expected to fill the batch, and what is still
+        in flight when it is full is aborted (its partial tokens count as generated)."""
+        B = self.train_batch_size
+        self._drop_stale(st)
+        fresh: list[_Group] = []
+        have = len(self.pool)
+        exhausted = None
+        k_max = self.cfg.max_num_gen_batches
+        budget = k_max * self.gen_batch_size if k_max > 0 else None  # prompts this step may launch
+        launched = finished = kept_step = 0
+        try:
+            while have < B:
+                want = stream_refill(
+                    B - have,
+                    stream.in_flight,
+                    self.gen_batch_size,
+                    self._stream_rate(finished, kept_step),
+                    self.cfg.round_margin,
+                )
+                if budget is not None:
+                    want = min(want, budget - launched)
+                if want > 0:
+                    rows, skipped = self._draw(source, want)
+                    st.skipped_prompts += skipped
+                    stream.submit(rows)
+                    launched += len(rows)
+                    st.round_sizes.append(len(rows))
+                    st.rounds = math.ceil(launched / self.gen_batch_size)
+                if stream.in_flight == 0:  # the budget is spent and every launched group is in
+                    exhausted = self._exhausted(st, have, verl=False)
+                    break
+                rows, b = stream.wait()
+                b = self._tag(rows, b, st)
+                kept_now = self._filter_into(b, st, fresh)
+                have += kept_now
+                finished += len(rows)
+                kept_step += kept_now
+                self._report(on_round, st, have, {**self._pool_info(), "in_flight": stream.in_flight})
+        finally:
+            groups, tokens = stream.abort()
+            st.aborted_groups += groups
+            st.aborted_tokens += tokens
+            st.generated_groups += groups
+            st.generated_tokens += tokens
+        st.refills = len(st.round_sizes)
+        self._adapt(finished, kept_step)
+        return self._take_from_pool(fresh, exhausted, st)
+
+    def _stream_rate(self, finished: int, kept: int) -> float | None:
+        """The kept rate the refill plans with: the running estimate from earlier steps, else this
+        step's groups so far on top of one kept pseudo-group (the optimistic start that
+        ``stream_refill`` uses before any evidence), else unknown. ``adaptive_rounds`` off: 0,
+        which keeps the engine full (``data.gen_batch_size`` groups in flight)."""
+        if not self.cfg.adaptive_rounds:
+            return 0.0
+        if self.kept_rate is not None:
+            return self.kept_rate
+        return (kept + 1) / (finished + 1) if finished else None
+
+    def _pool_info(self) -> dict[str, Any]:
+        return {"pool": len(self.pool), "skip_prob": self.skip_prob, "kept_rate_estimate": self.kept_rate}
+
+    def _drop_stale(self, st: _Stats) -> None:
+        """Groups older than max_staleness policy updates are never trained on."""
+        live = []
+        for g in self.pool:
+            if self.version - g.version > self.cfg.max_staleness:
+                st.stale_dropped += 1
+            else:
+                live.append(g)
+        self.pool = live
+
+    def _filter_into(self, b: Batch, st: _Stats, fresh: list[_Group]) -> int:
+        """Classify ``b``'s groups, record them in the prompt history, append the kept ones to
+        ``fresh``; returns how many were kept."""
+        outcomes = classify(b, self.cfg.metric, rule=self.cfg.filter_rule, band=self.band)
+        self._count(outcomes, st)
+        st.record(b, outcomes)
+        kept_now = 0
+        index_col = b.non_tensors["index"]
+        correct = _correct_values(b)
+        for o in outcomes:
+            idx = index_col[o.rows[0]]
+            idx = None if idx is None else int(idx)
+            if idx is not None:
+                self.history.record(
+                    idx,
+                    filtered=not o.kept,
+                    mean=o.mean,
+                    correct=None if correct is None else sum(correct[i] for i in o.rows.tolist()),
+                    n=len(o.rows),
+                    version=self.version,
+                )
+            if o.kept:
+                fresh.append(_Group(b.select(o.rows), st.gen_version, idx))
+                kept_now += 1
+        return kept_now
+
+    def _take_from_pool(self, fresh: list[_Group], exhausted: str | None, st: _Stats) -> SampledStep:
+        """The step's batch from the carried and the fresh groups (oldest first); the rest stays in
+        the pool (``carry_over``) or is dropped."""
+        cfg = self.cfg
+        B = self.train_batch_size
         # carried groups whose prompt this step's rounds found solved (or unsolvable) are dropped
         rechecked = [g for g in self.pool if not self._solved_since(g)]
         st.recheck_dropped += len(self.pool) - len(rechecked)
@@ -590,7 +678,11 @@ class DynamicBatcher:
         else:
             m[P + "staleness_mean"] = 0.0
             m[P + "staleness_max"] = 0.0
-        if self.cfg.filter_rule == "band" and self.cfg.strategy == "default":
+        if self.cfg.strategy == "stream":
+            m[P + "aborted_groups"] = st.aborted_groups
+            m[P + "aborted_response_tokens"] = st.aborted_tokens
+            m[P + "stream_refills"] = st.refills
+        if self.cfg.filter_rule == "band" and self.cfg.strategy != "verl":
             lo, hi = self.band
             m[P + "band_low"] = lo
             m[P + "band_high"] = hi
@@ -600,7 +692,7 @@ class DynamicBatcher:
         return m
 
     def _skipping(self) -> bool:
-        return bool(self.cfg.enable and self.cfg.strategy == "default" and self.cfg.skip.enable)
+        return bool(self.cfg.enable and self.cfg.strategy != "verl" and self.cfg.skip.enable)
 
     # ------------------------------------------------------------------ state
 

@@ -144,3 +144,45 @@ def bernoulli(prob: Callable[[dict], float]) -> AccFn:
         return (rng.random(n) < prob(row)).astype(float).tolist()
 
     return fn
+
+
+class FakeGroupStream:
+    """A :class:`~dapo.sampling.stream.GroupStream` over a :class:`FakeRollout`, with an engine
+    clock: every group in flight decodes one token per sample per tick, so a group finishes when
+    its longest response is done, and an aborted group has generated ``min(length, ticks)``
+    tokens per sample. ``wait`` advances the clock to the next finish."""
+
+    def __init__(self, rollout: FakeRollout):
+        self.rollout = rollout
+        self.clock = 0
+        self._flight: list[tuple[int, dict, Batch, list[int]]] = []  # (start, row, batch, lengths)
+        self.submitted: list[dict] = []
+        self.aborted_tokens = 0.0
+        self.max_in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flight)
+
+    def submit(self, rows: list[dict]) -> None:
+        for row in rows:
+            b = self.rollout([row])
+            lengths = b.tensors["response_mask"].sum(-1).to(torch.int64).tolist()
+            self._flight.append((self.clock, row, b, lengths))
+            self.submitted.append(row)
+        self.max_in_flight = max(self.max_in_flight, len(self._flight))
+
+    def wait(self) -> tuple[list[dict], Batch]:
+        if not self._flight:
+            raise RuntimeError("wait() with nothing in flight")
+        self.clock = min(start + max(lens) for start, _, _, lens in self._flight)
+        done = [g for g in self._flight if g[0] + max(g[3]) <= self.clock]
+        self._flight = [g for g in self._flight if g[0] + max(g[3]) > self.clock]
+        return [g[1] for g in done], Batch.concat([g[2] for g in done])
+
+    def abort(self) -> tuple[int, float]:
+        groups = len(self._flight)
+        tokens = float(sum(min(ln, self.clock - start) for start, _, _, lens in self._flight for ln in lens))
+        self._flight = []
+        self.aborted_tokens += tokens
+        return groups, tokens

@@ -11,7 +11,9 @@ Figures per strategy (``--json`` prints ``{"config": ..., "strategies": {name: f
 rounds per step, generated groups per trained group, qualified ratio (kept groups / generated
 groups; ``qualified_ratio`` counts the steps after the warm-up, ``qualified_ratio_overall`` all
 steps), skipped prompts, staleness of trained groups, surplus dropped, generated tokens per
-trained token. The simulated policy improves at the same pace whatever it trains on, so the
+trained token, decode ticks per step (a latency proxy: every sequence in flight decodes one
+token per tick, so a round lasts as long as its longest response, and ``stream`` stops at the
+tick its batch is full). The simulated policy improves at the same pace whatever it trains on, so the
 simulator has no accuracy of its own; two figures stand in for what a sampler costs learning:
 ``trained_prompts`` (distinct prompts among the groups trained after the warm-up: how much of the
 data set training sees) and ``trained_reward_variance`` (mean p(1-p) of those groups' prompts
@@ -33,7 +35,7 @@ import numpy as np
 from dapo.config.load import ConfigError
 from dapo.config.sampling import FilterGroupsConfig, SkipConfig, validate
 from dapo.sampling.batcher import DynamicBatcher
-from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows
+from dapo.sampling.fakes import FakeGroupStream, FakeRollout, ListSource, bernoulli, prompt_rows
 
 
 @dataclass
@@ -86,6 +88,7 @@ def default_strategies(skip: dict[str, Any] | None = None) -> dict[str, FilterGr
         "default_no_skip": dataclasses.replace(base, skip=SkipConfig(enable=False)),
         "default_no_carry_over": dataclasses.replace(base, carry_over=False),
         "default_fixed_rounds": dataclasses.replace(base, adaptive_rounds=False),
+        "stream": dataclasses.replace(base, strategy="stream"),
     }
 
 
@@ -140,8 +143,19 @@ def simulate(
     skipped_steps = 0
     trained_prompts: set[int] = set()
     variance: list[float] = []
+    # decode ticks (one token per sample per tick, every sequence in flight at once): a round
+    # takes its longest response; strategy stream runs its groups on the fake engine clock
+    stream = FakeGroupStream(rollout) if cfg.strategy == "stream" else None
+    round_ticks = 0
+
+    def generate(rows: list[dict]):
+        nonlocal round_ticks
+        b = rollout(rows)
+        round_ticks += int(b.tensors["response_mask"].sum(-1).max().item())
+        return b
+
     for s in range(steps):
-        step = batcher.next_batch(source, rollout)
+        step = batcher.next_batch(source, generate, stream=stream)
         m = step.metrics
         for k in keys:
             tot[k] += m[k]
@@ -187,6 +201,7 @@ def simulate(
         ),
         "trained_prompts": len(trained_prompts),
         "trained_reward_variance": round(float(np.mean(variance)), 4) if variance else 0.0,
+        "decode_ticks_per_step": ratio(stream.clock if stream is not None else round_ticks, steps),
         "epochs": source.epoch,
     }
 
@@ -248,6 +263,7 @@ COLUMNS = [
     ("gen tok/train tok", "gen_tokens_per_train_token"),
     ("trained prompts", "trained_prompts"),
     ("reward var", "trained_reward_variance"),
+    ("decode ticks/step", "decode_ticks_per_step"),
 ]
 
 

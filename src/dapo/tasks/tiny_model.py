@@ -65,7 +65,11 @@ def warm_start_target(p: Problem, rng: random.Random, clean: bool = False) -> st
     return rng.choice(OTHER_FORMATS).format(value)
 
 
-def recipe_fingerprint() -> str:
+# the same model with head size 32 (96 = 3 x 32), which vLLM's CPU attention accepts (24 it does not)
+HD32 = {"num_attention_heads": 3, "num_key_value_heads": 1}
+
+
+def recipe_fingerprint(config: dict[str, Any] | None = None) -> str:
     """A short hash of everything that shapes the built model, so a changed recipe rebuilds."""
     import hashlib
 
@@ -73,7 +77,7 @@ def recipe_fingerprint() -> str:
 
     recipe = json.dumps(
         {
-            "config": tiny_config(128, 0, 2).to_dict(),
+            "config": tiny_config(128, 0, 2, **(config or {})).to_dict(),
             "sft": [
                 SFT_STEPS,
                 SFT_BATCH,
@@ -98,17 +102,30 @@ def ensure_tiny_model(log: Callable[[str], None] = print, force: bool = False) -
     )
 
 
+def ensure_tiny_model_hd32(log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """The same recipe with head size 32, for vLLM on a CPU (``actor_rollout_ref.rollout.name=vllm``)."""
+    return ensure_model(
+        TINY_NAME + "-hd32",
+        recipe_fingerprint(HD32),
+        lambda tmp: build_tiny_model(tmp, log=log, config=HD32),
+        log,
+        force,
+    )
+
+
 def build_tiny_model(
     out_dir: Path,
     seed: int = 0,
     steps: int = SFT_STEPS,
     log: Callable[[str], None] = print,
     on_checkpoint: Callable[[int, Any, Any], None] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict:
+    """``config``: changes to the model config (``tiny_config``'s keyword arguments)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tok = build_char_tokenizer()
-    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id)
+    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, **(config or {}))
     model = Qwen2ForCausalLM(config)
     train, _ = split_problems(seed=0)
     by_tier = {t: [p for p in train if p.tier == t] for t in TIER_WEIGHTS}
