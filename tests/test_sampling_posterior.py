@@ -230,3 +230,21 @@ def test_posterior_rule_skips_whatever_the_streak_controller_says(rule, skips):
     skipped = sum(b.next_batch(src, gen).metrics["dynamic_sampling/skipped_prompts"] for _ in range(4))
     assert b.skip_prob == 0.0
     assert (drawn.count(0) == 1 and skipped >= 3) if skips else (drawn.count(0) == 4 and skipped == 0)
+
+
+def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
+    # P(no spread in 8): prompt 0 (8/8 twice, Beta(16.5, 0.5)) 0.82, prompt 1 (0/8, Beta(0.5, 8.5))
+    # 0.71, prompt 2 (7/8, Beta(7.5, 1.5)) prod (7.5 + j) / (9 + j) + prod (1.5 + j) / (9 + j) = 0.345:
+    # all above the threshold 0.2 and no exploring; a pass skips 0, 1, 2, meets 0 again and rolls
+    # out prompt 2
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 1, 8, 0)
+    for i, k in ((0, 8), (0, 8), (1, 0), (2, 7)):
+        b.history.record(i, filtered=k in (0, 8), mean=k / 8, correct=k, n=8)
+    assert b.history.zero_spread_prob(2, 0, 8) == pytest.approx(0.34509, abs=1e-5)
+    src = ListSource(prompt_rows(3), shuffle=False)
+    chosen, skipped = b._draw(src, 1)
+    assert [r["index"] for r in chosen] == [2] and skipped == 3 and src.taken == 4

@@ -104,7 +104,7 @@ class SkipConfig:
     # a prompt not rolled out for that many updates is rolled out on its next draw
     revisit_epochs: float = 100.0
     # at most this fraction of a round's rolled-out prompts are exploring rollouts (posterior rule)
-    max_explore: float = 0.03
+    max_explore: float = 0.015
 
 
 @dataclass

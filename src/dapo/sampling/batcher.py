@@ -562,8 +562,8 @@ class DynamicBatcher:
 
     def _draw(self, source, k: int) -> tuple[list[dict], int]:
         """k prompts to roll out, skipping candidates from the history. Terminates: a prompt drawn
-        again with nothing rolled out since its previous draw in this call (a whole pass
-        skipped) is rolled out."""
+        again with nothing rolled out since its previous draw in this call (a whole pass skipped)
+        makes the skipped prompt likeliest to spread a rollout."""
         sc = self.cfg.skip
         # skip_prob is the streak rule's controller; the posterior rule decides per prompt, and a
         # well-predicted run (filtered fraction below skip.target) must not switch it off
@@ -575,21 +575,22 @@ class DynamicBatcher:
         budget = math.floor(sc.max_explore * k + self.rng.random()) if sc.rule == "posterior" else 0
         chosen: list[dict] = []
         skipped = 0
-        passed: set[int] = set()  # skipped since the last rolled-out prompt
+        passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
                 idx = None if row.get("index") is None else int(row["index"])
+                if idx in passed:  # the same version judged it: it is skipped again
+                    best = min(passed, key=lambda i: self.history.zero_spread_prob(i, self.version, self.n))
+                    chosen.append(passed.pop(best) if best != idx else row)
+                    passed = {} if best == idx else {idx: row}
+                    continue
                 self.history.explored = False
-                if (
-                    idx is not None
-                    and idx not in passed
-                    and self._should_skip(idx, prob, max_updates, budget > 0)
-                ):
+                if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0):
                     skipped += 1
-                    passed.add(idx)
+                    passed[idx] = row
                 else:
                     chosen.append(row)
-                    passed.clear()
+                    passed = {}
                     budget -= self.history.explored
         return chosen, skipped
 
