@@ -73,8 +73,8 @@ class SkipConfig:
     grows with the passes over the data), and each prompt's own bound is staggered between half
     and all of it so that re-checks do not come at once; at most about ``s / (0.75 *
     revisit_epochs)`` of the trained groups are then spent on it, ``s`` the fraction of prompts
-    skipped. Within one round a prompt drawn again with nothing rolled out since its previous
-    draw is rolled out (a whole pass skipped: the round still fills).
+    skipped. When one round meets a prompt again with nothing rolled out since its previous draw
+    (a whole pass skipped), the skipped prompt likeliest to spread is rolled out, so a round fills.
     Only used by strategy ``default``.
     """
 
