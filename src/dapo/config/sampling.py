@@ -75,7 +75,7 @@ class SkipConfig:
     revisit_epochs)`` of the trained groups are then spent on it, ``s`` the fraction of prompts
     skipped. When one round meets a prompt again with nothing rolled out since its previous draw
     (a whole pass skipped), the skipped prompt likeliest to spread is rolled out, so a round fills.
-    Only used by strategy ``default``.
+    Only used by strategies ``default`` and ``stream``.
     """
 
     # skip prompts whose recent groups were all filtered (strategy default only)
