@@ -44,7 +44,8 @@ def test_structured_config_round_trip_with_overrides():
         ({"skip": SkipConfig(max_prob=1.0)}, "algorithm.filter_groups.skip.max_prob"),
         ({"skip": SkipConfig(target=1.0)}, "algorithm.filter_groups.skip.target"),
         ({"skip": SkipConfig(init_prob=0.999)}, "algorithm.filter_groups.skip.init_prob"),
-        ({"skip": SkipConfig(max_consecutive=-1)}, "algorithm.filter_groups.skip.max_consecutive"),
+        ({"skip": SkipConfig(revisit_epochs=-1)}, "algorithm.filter_groups.skip.revisit_epochs"),
+        ({"skip": SkipConfig(max_explore=1.5)}, "algorithm.filter_groups.skip.max_explore"),
         ({"skip": SkipConfig(min_streak=0)}, "algorithm.filter_groups.skip.min_streak"),
     ],
 )

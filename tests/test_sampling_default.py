@@ -97,21 +97,24 @@ def test_never_trains_on_staler_groups_than_allowed(max_staleness):
 
 def test_skipping_never_starves_a_prompt():
     # prompt 0 always spreads, prompts 1..7 never do: they become skip candidates, yet each is
-    # rolled out at least once per max_consecutive + 1 draws of it.
+    # rolled out whenever it is drawn at least revisit_epochs * 8 prompts / 1 = 4 policy updates
+    # after its last rollout.
     table = {0: [[0, 1]]}
     table.update({i: [[1, 1]] for i in range(1, 8)})
-    mc = 3
-    c = cfg(skip=SkipConfig(rule="streak", max_consecutive=mc, init_prob=0.9, max_prob=0.99, min_streak=1))
+    bound = 4
+    c = cfg(skip=SkipConfig(rule="streak", revisit_epochs=0.5, init_prob=0.9, max_prob=0.99, min_streak=1))
     b = DynamicBatcher(c, 1, 1, 2, 0)
     src, gen = ListSource(prompt_rows(8), seed=0), FakeRollout(2, scripted(table))
-    draws_since = dict.fromkeys(range(8), 0)
-    seen_rollout = []
+    last: dict[int, int] = {}
+    due_draws: list[int] = []
+    seen_rollout: list[int] = []
     orig_take = src.take
 
     def take(k):
         rows = orig_take(k)
-        for r in rows:
-            draws_since[r["index"]] += 1
+        due_draws.extend(
+            r["index"] for r in rows if r["index"] in last and b.version - last[r["index"]] >= bound
+        )
         return rows
 
     src.take = take
@@ -119,14 +122,17 @@ def test_skipping_never_starves_a_prompt():
     def generate(rows):
         for r in rows:
             seen_rollout.append(r["index"])
-            draws_since[r["index"]] = 0
+            last[r["index"]] = b.version
+            if r["index"] in due_draws:
+                due_draws.remove(r["index"])
         return gen(rows)
 
     skipped = 0
     for _ in range(60):
         s = b.next_batch(src, generate)
         skipped += s.metrics["dynamic_sampling/skipped_prompts"]
-        assert max(draws_since.values()) <= mc + 1
+        assert not due_draws  # every draw of a due prompt was rolled out
+        assert len(last) < 8 or b.version - min(last.values()) <= bound + 8  # none waits much longer
     assert skipped > 0
     assert set(seen_rollout) == set(range(8))
     # the history makes skipped prompts rare among rollouts: far fewer than 7/8 of the rollouts

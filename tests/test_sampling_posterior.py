@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo.sampling import posterior
-from dapo.sampling.history import PromptHistory
+from dapo.sampling.history import PromptHistory, revisit_bound
 
 pos = st.floats(0.05, 50.0)
 
@@ -57,38 +57,96 @@ def test_decay_moves_toward_the_prior(a, b, decay, updates):
     assert posterior.decayed(a, b, updates, 1.0, prior) == (a, b)
 
 
+def test_revisit_bound_is_staggered_by_the_golden_ratio():
+    # frac(i * 0.618...) for i = 0..3: 0, 0.618, 0.236, 0.854; the bound is K - floor(frac * K / 2)
+    assert [revisit_bound(i, 10) for i in range(4)] == [10, 7, 9, 6]
+    assert revisit_bound(5, 0) == 0 and revisit_bound(5, 1) == 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.integers(0, 4), min_size=1, max_size=30),
-    st.integers(0, 6),
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=20),
+    st.integers(0, 12),
+    st.integers(0, 200),
     st.floats(0.01, 0.9),
     st.floats(0.0, 0.999),
     st.integers(0, 2**31 - 1),
 )
 def test_posterior_rule_never_skips_past_the_revisit_bound(
-    groups, max_consecutive, threshold, max_prob, seed
+    groups, max_updates, index, threshold, max_prob, seed
 ):
+    # a prompt solved k of 4 times, then drawn `draws` times per update for a while until it is
+    # rolled out again: never skipped once its last rollout is max_updates or more updates old
     h = PromptHistory(prior=(0.5, 0.5), decay=0.97)
     rng = np.random.default_rng(seed)
     version = 0
-    for k in groups:  # a prompt solved k of 4 times, then drawn until it is rolled out again
-        h.record(0, filtered=k in (0, 4), mean=k / 4, correct=k, n=4, version=version)
-        in_a_row = 0
-        while h.should_skip_posterior(
-            0,
-            prob=threshold,
-            max_prob=max_prob,
-            max_consecutive=max_consecutive,
-            version=version,
-            n=4,
-            rng=rng,
-        ):
-            in_a_row += 1
-            assert in_a_row <= max_consecutive
-        version += 1
+    own = revisit_bound(index, max_updates)
+    assert max_updates / 2 < own <= max_updates or own == max_updates == 0
+    for k, wait, draws in groups:
+        h.record(index, filtered=k in (0, 4), mean=k / 4, correct=k, n=4, version=version)
+        rolled = version
+        for version in range(rolled, rolled + wait + max_updates + 1):
+            kw = dict(
+                prob=threshold, max_prob=max_prob, max_updates=max_updates, version=version, n=4, rng=rng
+            )
+            if any(not h.should_skip_posterior(index, **kw) for _ in range(draws)):
+                break  # rolled out: a new group follows
+            assert version - rolled < own <= max_updates
+        else:
+            pytest.fail("never rolled out")
     assert not h.should_skip_posterior(
-        1, prob=threshold, max_prob=max_prob, max_consecutive=5, version=version, n=4, rng=rng
+        index + 1, prob=threshold, max_prob=max_prob, max_updates=5, version=version, n=4, rng=rng
     )  # never a prompt without history
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 40), st.booleans(), st.integers(0, 2**31 - 1))
+def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
+    # every prompt solved (P(no spread) near 1, far above the threshold), no exploration and a
+    # revisit bound far away: each pass over the source skips everything, yet _draw returns k rows,
+    # after at most one skip per distinct prompt in a row
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    c = FilterGroupsConfig(enable=True, skip=SkipConfig(max_prob=0.999, max_explore=0.0, revisit_epochs=1000))
+    b = DynamicBatcher(c, 1, k, 8, seed)
+    for i in range(num):
+        b.history.record(i, filtered=True, mean=1.0, correct=8, n=8, version=0)
+    rows = prompt_rows(num)
+    if unindexed:
+        rows[0]["index"] = None
+    src = ListSource(rows, seed=seed)
+    chosen, skipped = b._draw(src, k)
+    assert len(chosen) == k
+    assert skipped <= k * num
+    assert src.taken == k + skipped
+
+
+def _draw_with_budget(max_explore: float) -> list[int]:
+    # prompts 0..89 solved (8/8 once: Beta(8.5, 0.5), P(no spread in 8) = prod (8.5 + j) / (9 + j)
+    # + prod (0.5 + j) / (9 + j) over j < 8 = 0.7127 >= 0.2), 90..99 useful (4/8: 0.045): unshuffled,
+    # one _draw of 10 meets the 90 solved ones first. With max_prob=0 each explores with probability
+    # (1 - 0.7127) / 0.8 = 0.36, so ~32 would without a cap.
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    c = FilterGroupsConfig(enable=True, skip=SkipConfig(max_prob=0.0, init_prob=0.0, max_explore=max_explore))
+    b = DynamicBatcher(c, 1, 10, 8, 0)
+    for i in range(100):
+        b.history.record(i, filtered=i < 90, mean=1.0 if i < 90 else 0.5, correct=8 if i < 90 else 4, n=8)
+    assert b.history.zero_spread_prob(0, 0, 8) == pytest.approx(0.71266, abs=1e-5)
+    chosen, _ = b._draw(ListSource(prompt_rows(100), shuffle=False), 10)
+    return [r["index"] for r in chosen]
+
+
+def test_exploring_rollouts_are_capped_per_round():
+    # max_explore * k = 0.1 * 10 = 1 exploring rollout at most (floor(1 + u), u < 1); 0: none
+    capped = _draw_with_budget(0.1)
+    assert sum(i < 90 for i in capped) == 1 and capped[1:] == list(range(90, 99))
+    assert _draw_with_budget(0.0) == list(range(90, 100))
+    assert sum(i < 90 for i in _draw_with_budget(1.0)) == 10
 
 
 def test_solved_prompt_is_skipped_and_a_useful_one_is_not():
@@ -97,7 +155,7 @@ def test_solved_prompt_is_skipped_and_a_useful_one_is_not():
     h.record(0, filtered=True, mean=1.0, correct=8, n=8, version=1)  # solved since its last kept group
     h.record(1, filtered=False, mean=0.5, correct=4, n=8, version=1)
     rng = np.random.default_rng(0)
-    kw = dict(prob=0.1, max_prob=0.998, max_consecutive=64, version=2, n=8, rng=rng)
+    kw = dict(prob=0.1, max_prob=0.998, max_updates=64, version=2, n=8, rng=rng)
     assert sum(h.should_skip_posterior(0, **kw) for _ in range(50)) >= 45
     assert not any(h.should_skip_posterior(1, **kw) for _ in range(50))
 
@@ -105,8 +163,13 @@ def test_solved_prompt_is_skipped_and_a_useful_one_is_not():
 def test_state_round_trip_and_old_records():
     h = PromptHistory(prior=(0.5, 0.5), decay=0.9)
     h.record(3, filtered=True, mean=1.0, correct=8, n=8, version=4)
+    h.record(3, filtered=False, mean=0.5, correct=4, n=8, version=7)
+    h.records[3].skips = 2
     back = PromptHistory.from_state_dict(h.state_dict(), (0.5, 0.5), 0.9)
-    assert back.records == h.records
+    assert back.records == h.records and back.records[3].seen == 7
+    # a record saved before `seen` existed takes its newest evidence's version as its last rollout
+    row = h.state_dict()["3"][:8]
+    assert PromptHistory.from_state_dict({"3": row}, (0.5, 0.5), 0.9).records[3].seen == 7
     # a record saved before the posterior existed starts at the prior
     old = PromptHistory.from_state_dict({"3": [2, 0, 5, 1, 1.0]}, (0.5, 0.5), 0.9)
     assert (old.records[3].alpha, old.records[3].beta, old.records[3].streak) == (0.5, 0.5, 2)
@@ -167,3 +230,21 @@ def test_posterior_rule_skips_whatever_the_streak_controller_says(rule, skips):
     skipped = sum(b.next_batch(src, gen).metrics["dynamic_sampling/skipped_prompts"] for _ in range(4))
     assert b.skip_prob == 0.0
     assert (drawn.count(0) == 1 and skipped >= 3) if skips else (drawn.count(0) == 4 and skipped == 0)
+
+
+def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
+    # P(no spread in 8): prompt 0 (8/8 twice, Beta(16.5, 0.5)) 0.82, prompt 1 (0/8, Beta(0.5, 8.5))
+    # 0.71, prompt 2 (7/8, Beta(7.5, 1.5)) prod (7.5 + j) / (9 + j) + prod (1.5 + j) / (9 + j) = 0.345:
+    # all above the threshold 0.2 and no exploring; a pass skips 0, 1, 2, meets 0 again and rolls
+    # out prompt 2
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 1, 8, 0)
+    for i, k in ((0, 8), (0, 8), (1, 0), (2, 7)):
+        b.history.record(i, filtered=k in (0, 8), mean=k / 8, correct=k, n=8)
+    assert b.history.zero_spread_prob(2, 0, 8) == pytest.approx(0.34509, abs=1e-5)
+    src = ListSource(prompt_rows(3), shuffle=False)
+    chosen, skipped = b._draw(src, 1)
+    assert [r["index"] for r in chosen] == [2] and skipped == 3 and src.taken == 4

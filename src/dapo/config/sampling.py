@@ -51,9 +51,10 @@ class SkipConfig:
     all its groups (prior ``prior``; the evidence decays by ``decay`` per policy update, so old
     groups count less as the policy moves). A prompt with history whose posterior probability
     ``q`` that its next group has no spread is at least ``threshold`` is skipped, except for an
-    exploring rollout with probability ``(1 - max_prob) * (1 - q) / (1 - threshold)``, and never
-    more than ``max_consecutive`` times in a row; so a prompt the policy has since solved is
-    skipped even when its last group had spread. ``target``, ``init_prob``, ``prob_step`` and
+    exploring rollout with probability ``(1 - max_prob) * (1 - q) / (1 - threshold)``, at most
+    ``max_explore`` of each round's rolled-out prompts (so exploration costs a fixed share of the
+    generated groups however many prompts are drawn per update); so a prompt the policy has since
+    solved is skipped even when its last group had spread. ``target``, ``init_prob``, ``prob_step`` and
     ``min_streak`` belong to the streak rule. ``recheck`` drops a
     carried group before training when its prompt's posterior, updated by newer groups, says
     the next group would have no spread with at least that probability (``1``: never).
@@ -63,10 +64,18 @@ class SkipConfig:
     ``prob_step`` after every round toward the point where a (smoothed) fraction ``target`` of
     rolled-out groups is filtered. ``prob`` never exceeds ``max_prob``; the exploration chance
     ``1 - prob`` is divided by ``1 + streak - min_streak`` (prompts filtered many times in a row are
-    rechecked less often), and a prompt is never skipped more than ``max_consecutive`` times in a
-    row (bounded revisit: every prompt is rolled out at least once per ``max_consecutive + 1``
-    draws of it, so none starves and drifted prompts are found again).
-    Only used by strategy ``default``.
+    rechecked less often).
+
+    Both rules keep the revisit bound: a prompt is rolled out at least once every
+    ``ceil(revisit_epochs * P / train_batch_size)`` policy updates, ``P`` the number of distinct
+    prompts rolled out so far (one epoch's worth of updates), so none starves and drifted prompts
+    are found again. It counts updates, not draws (skipped draws are cheap, and a count of draws
+    grows with the passes over the data), and each prompt's own bound is staggered between half
+    and all of it so that re-checks do not come at once; at most about ``s / (0.75 *
+    revisit_epochs)`` of the trained groups are then spent on it, ``s`` the fraction of prompts
+    skipped. When one round meets a prompt again with nothing rolled out since its previous draw
+    (a whole pass skipped), the skipped prompt likeliest to spread is rolled out, so a round fills.
+    Only used by strategies ``default`` and ``stream``.
     """
 
     # skip prompts whose recent groups were all filtered (strategy default only)
@@ -91,8 +100,11 @@ class SkipConfig:
     prob_step: float = 0.05
     # upper bound on the skip probability (1 - max_prob is the exploration rate)
     max_prob: float = 0.998
-    # a prompt skipped this many times in a row is rolled out on its next draw
-    max_consecutive: int = 64
+    # revisit bound, in epochs' worth of policy updates (distinct prompts / train_batch_size):
+    # a prompt not rolled out for that many updates is rolled out on its next draw
+    revisit_epochs: float = 100.0
+    # at most this fraction of a round's rolled-out prompts are exploring rollouts (posterior rule)
+    max_explore: float = 0.015
 
 
 @dataclass
@@ -245,8 +257,10 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
         bad("skip.threshold", f"must be in (0, 1], got {s.threshold!r}")
     if not _is_num(s.recheck) or not 0 < s.recheck <= 1:
         bad("skip.recheck", f"must be in (0, 1] (1: never drop a carried group), got {s.recheck!r}")
-    if not _is_int(s.max_consecutive) or s.max_consecutive < 0:
-        bad("skip.max_consecutive", f"must be an integer >= 0 (the revisit bound), got {s.max_consecutive!r}")
+    if not _is_num(s.revisit_epochs) or s.revisit_epochs < 0:
+        bad("skip.revisit_epochs", f"must be a number >= 0 (0: never skip), got {s.revisit_epochs!r}")
+    if not _is_num(s.max_explore) or not 0 <= s.max_explore <= 1:
+        bad("skip.max_explore", f"must be in [0, 1] (0: no exploring rollouts), got {s.max_explore!r}")
 
     if cfg.filter_rule not in FILTER_RULES:
         bad("filter_rule", f"must be one of {', '.join(FILTER_RULES)}, got {cfg.filter_rule!r}")

@@ -561,39 +561,59 @@ class DynamicBatcher:
         return int(min(self.gen_batch_size, max(cfg.min_round_size, k)))
 
     def _draw(self, source, k: int) -> tuple[list[dict], int]:
-        """k prompts to roll out, skipping candidates from the history. Terminates: a prompt is
-        skipped at most ``skip.max_consecutive`` times in a row."""
+        """k prompts to roll out, skipping candidates from the history. Terminates: a prompt drawn
+        again with nothing rolled out since its previous draw in this call (a whole pass skipped)
+        makes the skipped prompt likeliest to spread a rollout."""
         sc = self.cfg.skip
         # skip_prob is the streak rule's controller; the posterior rule decides per prompt, and a
         # well-predicted run (filtered fraction below skip.target) must not switch it off
         if not self._skipping() or (sc.rule == "streak" and self.skip_prob <= 0):
             return source.take(k), 0
         prob = min(self.skip_prob, sc.max_prob)
+        max_updates = math.ceil(sc.revisit_epochs * len(self.history) / self.train_batch_size)
+        # exploring rollouts: max_explore * k in expectation at most, whatever the draws per round
+        budget = math.floor(sc.max_explore * k + self.rng.random()) if sc.rule == "posterior" else 0
         chosen: list[dict] = []
         skipped = 0
+        passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
-                idx = row.get("index")
-                if idx is not None and self._should_skip(int(idx), prob):
+                idx = None if row.get("index") is None else int(row["index"])
+                if idx in passed:  # the same version judged it: it is skipped again
+                    best = min(passed, key=lambda i: self.history.zero_spread_prob(i, self.version, self.n))
+                    chosen.append(passed.pop(best) if best != idx else row)
+                    passed = {} if best == idx else {idx: row}
+                    continue
+                self.history.explored = False
+                if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0):
                     skipped += 1
+                    passed[idx] = row
                 else:
                     chosen.append(row)
+                    passed = {}
+                    budget -= self.history.explored
         return chosen, skipped
 
-    def _should_skip(self, idx: int, prob: float) -> bool:
+    def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool) -> bool:
         sc = self.cfg.skip
         if sc.rule == "posterior":
             return self.history.should_skip_posterior(
                 idx,
                 prob=sc.threshold,
                 max_prob=sc.max_prob,
-                max_consecutive=sc.max_consecutive,
+                max_updates=max_updates,
                 version=self.version,
                 n=self.n,
                 rng=self.rng,
+                explore=explore,
             )
         return self.history.should_skip(
-            idx, prob=prob, min_streak=sc.min_streak, max_consecutive=sc.max_consecutive, rng=self.rng
+            idx,
+            prob=prob,
+            min_streak=sc.min_streak,
+            max_updates=max_updates,
+            version=self.version,
+            rng=self.rng,
         )
 
     def _solved_since(self, g: _Group) -> bool:

@@ -1,23 +1,28 @@
 """Per-prompt outcome history for pre-rollout skipping (GRESO-style, with bounded revisit).
 
 For every prompt index we keep: how many groups in a row the filter dropped (``streak``), how many
-draws in a row the prompt was skipped (``skips``), how often it was rolled out (``visits``) and
-its last group mean, and a Beta posterior of its solve rate over all its groups
-(:mod:`dapo.sampling.posterior`), decayed by the policy updates between groups.
+draws in a row the prompt was skipped (``skips``), how often it was rolled out (``visits``), its
+last group mean, the policy version of its last rollout (``seen``) and a Beta posterior of its
+solve rate over all its groups (:mod:`dapo.sampling.posterior`), decayed by the policy updates
+between groups.
 
-Two skip rules. ``streak``: a prompt is a skip candidate once ``streak >= min_streak``; a candidate is
-skipped with probability ``prob`` unless it was already skipped ``max_consecutive`` times in a
-row, in which case it is rolled out. ``posterior``: every prompt with history is skipped with
-probability ``prob`` times the posterior probability that its next group has no spread (so
-prompts the policy has since solved are skipped even when their last group had spread), never
-above ``max_prob`` and with the same revisit bound. Either way every prompt is rolled out at least once in every
-``max_consecutive + 1`` draws of it: nothing starves, and a prompt whose solve rate drifted into
-the useful range is found again.
+Two skip rules. ``streak``: a prompt is a skip candidate once ``streak >= min_streak``; a candidate
+is skipped with probability ``prob``. ``posterior``: a prompt with history whose posterior
+probability that its next group has no spread is at least a threshold is skipped, but for a rare
+exploring rollout (so prompts the policy has since solved are skipped even when their last group
+had spread). Either way the revisit bound holds: a prompt last rolled out ``max_updates`` or more
+policy updates ago is rolled out on its next draw. The bound counts policy updates, not draws:
+skipped draws are cheap, so a run that skips most prompts passes over its data many times per
+update, and a bound in draws would force a rollout of every skipped prompt after a fixed number
+of passes, all of them in the same few steps. Each prompt's own bound lies in
+``(max_updates / 2, max_updates]`` (:func:`revisit_bound`), so prompts first seen together are not
+re-checked together.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import floor
 from typing import Any
 
 import numpy as np
@@ -35,6 +40,18 @@ class PromptRecord:
     alpha: float = 1.0  # Beta posterior of the solve rate (prior added at creation)
     beta: float = 1.0
     version: int = 0  # policy version of the newest evidence
+    seen: int = 0  # policy version of the last rollout
+
+
+_GOLDEN = (5**0.5 - 1) / 2
+
+
+def revisit_bound(index: int, max_updates: int) -> int:
+    """The prompt's own revisit bound, in ``(max_updates / 2, max_updates]`` (0 when
+    ``max_updates`` is 0): staggered by the fractional part of ``index`` times the golden ratio,
+    so neighbouring indices (and prompts first seen in the same step) spread evenly."""
+    frac = (int(index) * _GOLDEN) % 1.0
+    return max_updates - floor(frac * max_updates / 2)
 
 
 class PromptHistory:
@@ -42,6 +59,7 @@ class PromptHistory:
         self.records: dict[int, PromptRecord] = {}
         self.prior = (float(prior[0]), float(prior[1]))
         self.decay = float(decay)
+        self.explored = False  # see should_skip_posterior
 
     def get(self, index: int) -> PromptRecord | None:
         return self.records.get(int(index))
@@ -63,35 +81,53 @@ class PromptHistory:
         *,
         prob: float,
         max_prob: float,
-        max_consecutive: int,
+        max_updates: int,
         version: int,
         n: int,
         rng: np.random.Generator,
+        explore: bool = True,
     ) -> bool:
-        """Skip a prompt whose P(no spread) ``q`` is at least ``prob``: with probability
-        ``1 - (1 - max_prob) * (1 - q) / (1 - prob)`` (the more certain, the rarer the exploring
-        rollout); never a prompt without history, never more than ``max_consecutive`` times in a row."""
+        """Skip a prompt whose P(no spread) ``q`` is at least ``prob``, but for an exploring rollout
+        with probability ``(1 - max_prob) * (1 - q) / (1 - prob)`` (the more certain, the rarer);
+        ``explore=False``: no exploring rollout. Never a prompt without history, never one due
+        under the revisit bound (:meth:`due`). :attr:`explored` says whether the last call that
+        rolled a prompt out did so to explore."""
+        self.explored = False
         rec = self.records.get(int(index))
-        if rec is None or rec.skips >= max_consecutive:
+        if rec is None or self.due(index, version, max_updates):
             return False
         q = self.zero_spread_prob(index, version, n)
         if q < prob:
             return False
-        explore = (1.0 - max_prob) * (1.0 - q) / max(1.0 - prob, 1e-12)
-        if rng.random() >= explore:
-            rec.skips += 1
-            rec.total_skips += 1
-            return True
-        return False
+        # draw for every candidate (even when exploring is off) so that the stream depends on the history alone
+        if rng.random() < (1.0 - max_prob) * (1.0 - q) / max(1.0 - prob, 1e-12) and explore:
+            self.explored = True
+            return False
+        rec.skips += 1
+        rec.total_skips += 1
+        return True
+
+    def due(self, index: int, version: int, max_updates: int) -> bool:
+        """Whether the revisit bound forces the prompt's next draw to be rolled out: its last
+        rollout was at least its own :func:`revisit_bound` policy updates before ``version``."""
+        rec = self.records.get(int(index))
+        return rec is None or version - rec.seen >= revisit_bound(index, max_updates)
 
     def should_skip(
-        self, index: int, *, prob: float, min_streak: int, max_consecutive: int, rng: np.random.Generator
+        self,
+        index: int,
+        *,
+        prob: float,
+        min_streak: int,
+        max_updates: int,
+        version: int,
+        rng: np.random.Generator,
     ) -> bool:
         rec = self.records.get(int(index))
-        if rec is None or rec.streak < min_streak or rec.skips >= max_consecutive:
+        if rec is None or rec.streak < min_streak or self.due(index, version, max_updates):
             return False
         # exploration (1 - prob) shrinks with the streak: a prompt filtered many times in a row is
-        # rechecked less often, but never less than once per max_consecutive + 1 draws.
+        # rechecked less often, but never later than its revisit bound.
         # draw only for candidates so that the RNG stream depends on the history alone
         if rng.random() < 1.0 - (1.0 - prob) / (1 + rec.streak - min_streak):
             rec.skips += 1
@@ -114,6 +150,7 @@ class PromptHistory:
         rec = self.records.setdefault(int(index), PromptRecord(alpha=self.prior[0], beta=self.prior[1]))
         rec.visits += 1
         rec.skips = 0
+        rec.seen = int(version)
         rec.streak = rec.streak + 1 if filtered else 0
         rec.last_mean = float(mean)
         if correct is not None and n > 0:
@@ -135,6 +172,7 @@ class PromptHistory:
                 r.alpha,
                 r.beta,
                 r.version,
+                r.seen,
             ]
             for k, r in self.records.items()
         }
@@ -143,11 +181,13 @@ class PromptHistory:
     def from_state_dict(
         cls, d: dict[str, Any], prior: tuple[float, float] = (1.0, 1.0), decay: float = 1.0
     ) -> PromptHistory:
-        """Inverse of :meth:`state_dict`; records saved before the posterior existed start at the prior."""
+        """Inverse of :meth:`state_dict`; records saved before the posterior existed start at the
+        prior, and before ``seen`` existed take their newest evidence's version as their last rollout."""
         h = cls(prior, decay)
         for k, row in d.items():
             streak, skips, visits, total, mean = row[:5]
             alpha, beta, version = row[5:8] if len(row) >= 8 else (h.prior[0], h.prior[1], 0)
+            seen = row[8] if len(row) >= 9 else version
             h.records[int(k)] = PromptRecord(
                 int(streak),
                 int(skips),
@@ -157,5 +197,6 @@ class PromptHistory:
                 float(alpha),
                 float(beta),
                 int(version),
+                int(seen),
             )
         return h
