@@ -282,3 +282,13 @@ def test_help_lists_every_command_with_an_example_and_train_help_points_to_the_k
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "dapo validate --explain" in capsys.readouterr().out
+
+
+def test_a_retired_key_names_its_replacement():
+    with pytest.raises(ConfigError) as e:
+        load_config(["algorithm.filter_groups.skip.max_consecutive=64"])
+    (p,) = e.value.problems
+    assert p.startswith(
+        "algorithm.filter_groups.skip.max_consecutive: no longer a configuration key; it was replaced by "
+        "algorithm.filter_groups.skip.revisit_epochs"
+    )

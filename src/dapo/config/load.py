@@ -186,9 +186,20 @@ def leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return out
 
 
+# keys of earlier dapo versions that were replaced: old key -> what to set instead
+RETIRED_KEYS: dict[str, str] = {
+    "algorithm.filter_groups.skip.max_consecutive": (
+        "algorithm.filter_groups.skip.revisit_epochs (the revisit bound now counts policy updates, "
+        "not draws)"
+    ),
+}
+
+
 def _unknown_key(cfg: DictConfig, key: str) -> str:
     from dapo.config.compat import foreign_hint
 
+    if key in RETIRED_KEYS:
+        return f"{key}: no longer a configuration key; it was replaced by {RETIRED_KEYS[key]}"
     foreign = foreign_hint(key)
     if foreign is not None:
         return f"{key}: unknown configuration key; dapo's name for it is {foreign}"
