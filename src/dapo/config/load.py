@@ -189,8 +189,7 @@ def leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
 # keys of earlier dapo versions that were replaced: old key -> what to set instead
 RETIRED_KEYS: dict[str, str] = {
     "algorithm.filter_groups.skip.max_consecutive": (
-        "algorithm.filter_groups.skip.revisit_epochs (the revisit bound now counts policy updates, "
-        "not draws)"
+        "algorithm.filter_groups.skip.revisit_epochs (the revisit bound now counts policy updates, not draws)"
     ),
 }
 
