@@ -13,6 +13,8 @@ and reports:
 * the mean time of a step split by phase (generation, reward, old log-probs, update, other).
 
 Training time is the sum of ``timing_s/step`` (validation excluded: the same work for both).
+Writes ``headline.json`` and ``headline_acc_vs_time.png`` (held-out accuracy against training
+time, every seed) into ``--out``.
 
     .venv/bin/python benchmarks/headline_real_loop.py --seeds 1 2 3 [--steps 60] [--json] [key=value ...]
 """
@@ -102,6 +104,31 @@ def compare(v: dict, o: dict, k: int) -> dict:
     }
 
 
+def plot(table: list[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for who, color in (("verl", "tab:red"), ("ours", "tab:blue")):
+        for i, r in enumerate(table):
+            curve = r[f"{who}_curve"]
+            label = f"{who} (strategy={'verl' if who == 'verl' else 'default'})" if i == 0 else None
+            ax.plot(
+                [t for _, t, _ in curve], [a for _, _, a in curve], "o-", color=color, alpha=0.7, label=label
+            )
+    ax.set_xlabel("training time, s (validation excluded)")
+    ax.set_ylabel("held-out accuracy")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path = out / "headline_acc_vs_time.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -128,6 +155,8 @@ def main() -> int:
         "median_same_step_ratio": statistics.median(r["same_step_ratio"] for r in table),
         "out_dir": str(out),
     }
+    (out / "headline.json").write_text(json.dumps(summary, indent=2))
+    plot(table, out)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

@@ -10,6 +10,7 @@ from dapo.tasks.reasoning import (
     MAX_STEPS,
     MIN_STEPS,
     Chain,
+    apply,
     make_chain,
     make_chains,
     split_chains,
@@ -34,6 +35,16 @@ def test_hand_chain_question_working_and_grade():
     assert row["reward_model"]["ground_truth"] == "150" and row["extra_info"]["tier"] == "hard"
 
 
+def test_hand_chains_of_each_tier():
+    easy = Chain(43, (("-", 1),) * 9, "easy")
+    assert easy.question == "43 1)-1 2)-1 3)-1 4)-1 5)-1 6)-1 7)-1 8)-1 9)-1 ="
+    assert easy.values() == [42, 41, 40, 39, 38, 37, 36, 35, 34]
+    assert working(easy).startswith("1)-1: 43-1=42\n2)-1: 42-1=41\n3)-1: 41-1=40\n4)-1: 40-1=39\n")
+    hard = Chain(91, (("+", 7),) * 3, "hard")
+    assert working(hard) == "1)+7: 91+7=98\n2)+7: 98+7=105\n3)+7: 105+7=112\nAnswer: 112"
+    assert default_compute_score("arithmetic", working(hard), "112")["acc"] is True
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_tiers_follow_their_rules(seed):
     rng = random.Random(seed)
@@ -41,16 +52,14 @@ def test_tiers_follow_their_rules(seed):
         for tier in ("easy", "medium", "hard"):
             c = make_chain(rng, tier)
             assert MIN_STEPS <= len(c.ops) <= MAX_STEPS
-            ops = [op for op, _ in c.ops]
-            assert ops.count("*") == (1 if tier == "hard" else 0)
-            before = c.start
-            for (_op, x), after in zip(c.ops, c.values()):
-                assert 1 <= x <= 9
-                if tier == "easy":  # never a carry or a borrow
-                    assert before // 10 == after // 10 and 10 <= after <= 99
-                if tier == "medium":
-                    assert 10 <= after <= 99
-                before = after
+            assert len(set(c.ops)) == 1  # one operation, repeated
+            op, x = c.ops[0]
+            assert op in "+-" and (x in (1, 2) if tier == "easy" else 3 <= x <= 9)
+            values = [c.start, *c.values()]
+            if tier == "hard":  # crosses 100
+                assert 10 <= min(values) <= 99 < max(values) <= 199
+            else:
+                assert 10 <= min(values) and max(values) <= 99
 
 
 def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
@@ -65,24 +74,36 @@ def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
 
 
 def test_warm_start_teaches_the_format_not_the_skill():
-    from dapo.tasks.tiny_reasoning_model import noisy_values, warm_start_target
+    from dapo.tasks.tiny_reasoning_model import STEP_ACCURACY, noisy_values, step_kind, warm_start_target
 
     rng = random.Random(0)
-    chains = make_chains(160, 5)
+    chains = make_chains(400, 5)
     right = {"easy": 0, "medium": 0, "hard": 0}
+    lines: dict[str, list[bool]] = {}
     for c in chains:
         t = warm_start_target(c, rng)
         assert t.startswith("1)") and "\nAnswer: " in t
         values = noisy_values(c, rng, clean=False)
         right[c.tier] += values[-1] == c.answer
         for (op, x), before, after in zip(c.ops, [c.start, *values], values):
-            if op == "*":  # a multiplication line is never right
-                assert after != before * x
-        # clean targets are the right working, except that a multiplication is never right
-        clean = noisy_values(c, rng, clean=True)
-        assert (clean == c.values()) == (c.tier != "hard")
-    assert right["easy"] / 40 > 0.8 > right["medium"] / 80 > 0.05
-    assert right["hard"] / 40 < 0.1
+            lines.setdefault(step_kind(before, op, apply(before, op, x)), []).append(
+                after == apply(before, op, x)
+            )
+        # clean targets are the right working, without re-checked lines
+        assert noisy_values(c, rng, clean=True) == c.values()
+        assert warm_start_target(c, rng, clean=True) == working(c)
+    # each kind of line is right at about its rate; chains are right less often the harder they are
+    for kind, hits in lines.items():
+        assert abs(sum(hits) / len(hits) - STEP_ACCURACY[kind]) < 0.05, kind
+    assert 0.9 > right["easy"] / 100 > right["medium"] / 200 > right["hard"] / 100 > 0.05
+
+
+def test_warm_start_never_sees_a_test_question():
+    from dapo.tasks.tiny_reasoning_model import WARM_START_CHAINS, warm_start_chains
+
+    test = {c.question for c in split_chains(2000, 128, 0)[1]}
+    chains = warm_start_chains(0)
+    assert len(chains) > 0.95 * WARM_START_CHAINS and not {c.question for c in chains} & test
 
 
 def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):

@@ -1,16 +1,18 @@
 """Built-in long-reasoning task: chained operations whose answer needs written working.
 
 A problem is a start value and a chain of numbered operations, e.g.
-``47 1)+8 2)-5 3)+9 4)*3 5)-7 6)+6 7)-2 8)+4 =``. The expected response writes one line per
+``47 1)+8 2)+8 3)+8 4)+8 5)+8 6)+8 7)+8 8)+8 9)+8 =``. The expected response writes one line per
 operation: the operation as numbered in the question, then the running value before and after
-it (``3)+9: 50+9=59``), and ends with ``Answer: X`` (graded by math_dapo, like every built-in
+it (``3)+8: 63+8=71``), and ends with ``Answer: X`` (graded by math_dapo, like every built-in
 task). A chain has ``MIN_STEPS``-``MAX_STEPS`` operations, so the working alone is 128+ tokens
-of the character tokenizer. Difficulty varies per prompt, so that some groups are all-correct
-and some all-wrong:
+of the character tokenizer. Every operation of a chain is the same one-digit addition or
+subtraction: the work is in the arithmetic, not in finding the next operation, which keeps it
+within reach of a tiny model. Difficulty varies per prompt with the number of lines that carry,
+borrow or cross 100, so that some groups are all-correct and some all-wrong:
 
-  easy    one-digit additions and subtractions that never carry or borrow
-  medium  one-digit additions and subtractions with carries and borrows
-  hard    as medium, plus one multiplication by a digit (a step the warm start never gets right)
+  easy    adds or subtracts 1 or 2 (a carry or borrow about every fifth line at most)
+  medium  adds or subtracts 3-9 within 10..99 (a carry or borrow every line or two)
+  hard    adds or subtracts 3-9 across 100 (lines with three-digit values as well)
 
 Nothing here runs model output: rows are data, and the grader is the math_dapo regex.
 """
@@ -79,35 +81,19 @@ def working(chain: Chain, values: list[int] | None = None) -> str:
     return "".join(lines) + f"Answer: {values[-1]}"
 
 
-def _op(rng: random.Random, v: int, carry: bool) -> tuple[str, int]:
-    """A +/- one-digit step keeping the value in 10..99; without ``carry`` the units digit
-    never wraps (no carry, no borrow)."""
-    while True:
-        op, x = rng.choice("+-"), rng.randint(1, 9)
-        w = apply(v, op, x)
-        if not 10 <= w <= 99:
-            continue
-        wraps = w // 10 != v // 10
-        if carry or not wraps:
-            return op, x
-
-
 def make_chain(rng: random.Random, tier: str) -> Chain:
+    """A chain of one repeated operation; ``tier`` sets the operand and the range of values."""
     steps = rng.randint(MIN_STEPS, MAX_STEPS)
-    start = rng.randint(10, 99)
-    ops: list[tuple[str, int]] = []
-    v = start
-    mul_at = rng.randrange(1, steps - 1) if tier == "hard" else -1
-    for i in range(steps):
-        if i == mul_at:
-            op, x = "*", rng.randint(3, 9)
-        elif v > 99:  # after the multiplication: plain +/- on a three-digit value
-            op, x = rng.choice("+-"), rng.randint(1, 9)
-        else:
-            op, x = _op(rng, v, carry=tier != "easy")
-        ops.append((op, x))
-        v = apply(v, op, x)
-    return Chain(start, tuple(ops), tier)
+    while True:
+        op, x = rng.choice("+-"), rng.randint(1, 2) if tier == "easy" else rng.randint(3, 9)
+        start = rng.randint(10, 99) if tier != "hard" or op == "+" else rng.randint(100, 199)
+        chain = Chain(start, ((op, x),) * steps, tier)
+        values = [start, *chain.values()]
+        if tier == "hard":
+            if min(values) >= 10 and max(values) <= 199 and min(values) <= 99 < max(values):
+                return chain
+        elif 10 <= min(values) and max(values) <= 99:
+            return chain
 
 
 def make_chains(count: int, seed: int) -> list[Chain]:

@@ -5,12 +5,15 @@ fingerprint hashes the recipe below). Same character tokenizer and Qwen2 shape f
 arithmetic model (:mod:`dapo.model.tiny`), with room for ~300 tokens.
 
 The warm start teaches the format, not the skill: every target writes one numbered line per
-operation and ends ``Answer: X``, but in the noisy phase each line's result is right only with
-the probability of its kind (``STEP_ACCURACY``); a wrong line is a near miss that the
-following lines carry forward, as a model that slipped would. Multiplications are never shown
-right. ``RAMBLE_RATE`` of the targets re-check a few lines before answering, which runs into
-the overlong buffer of the preset (so overlong shaping has something to shape). The clean
-phase (right results, multiplications excepted) comes first so the procedure is learnt.
+operation and ends ``Answer: X``. A clean phase (right results) comes first so the procedure is
+learnt; in the noisy phase that follows, each line's result is right only with the probability
+of its kind (``STEP_ACCURACY``: plain lines almost always, carries and borrows less often, lines
+with three-digit values least), and a wrong line is a near miss that the following lines carry
+forward, as a model that slipped would. The model so starts solving easy chains mostly, hard
+ones rarely, and RL can raise its accuracy on the lines it sometimes gets right. In the noisy
+phase ``RAMBLE_RATE`` of the targets re-check a few lines before answering, which runs into the
+overlong buffer of the preset (so overlong shaping has something to shape). The warm start
+never sees the task's test questions.
 """
 
 from __future__ import annotations
@@ -29,22 +32,33 @@ from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
 from dapo.optim import sft_optimizer, sft_step
 from dapo.tasks.cache import ensure_model
-from dapo.tasks.reasoning import TIER_WEIGHTS, Chain, apply, make_chains, step_line, working
+from dapo.tasks.reasoning import (
+    SEED,
+    TEST_SIZE,
+    TIER_WEIGHTS,
+    TRAIN_SIZE,
+    Chain,
+    apply,
+    make_chains,
+    split_chains,
+    step_line,
+    working,
+)
 from dapo.tasks.tiny_model import sft_tensors
 
 MODEL_NAME = "tiny-reasoning"
 # probability that a warm-start line's result is right, by kind of step (noisy phase)
-STEP_ACCURACY = {"plain": 0.99, "wrap": 0.8, "big": 0.9, "mul": 0.0}
+STEP_ACCURACY = {"plain": 0.99, "wrap": 0.85, "big": 0.8, "mul": 0.5}
 RAMBLE_RATE = 0.15
 CLEAN_FRACTION = 0.6
-SFT_STEPS = 400
+SFT_STEPS = 600
 SFT_BATCH = 32
 SFT_LR = 3e-3
 MODEL_SIZES = dict(
     hidden_size=96, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
 )
 MAX_POSITIONS = 352
-WARM_START_CHAINS = 4000
+WARM_START_CHAINS = 3000
 
 
 def step_kind(before: int, op: str, after: int) -> str:
@@ -62,21 +76,23 @@ def near_miss(value: int, rng: random.Random) -> int:
 
 def noisy_values(chain: Chain, rng: random.Random, clean: bool) -> list[int]:
     """Running values as a fallible model writes them: each line right with its kind's
-    probability (always, except multiplications, when ``clean``), errors carried forward."""
+    probability (always when ``clean``), errors carried forward."""
     out, v = [], chain.start
     for op, x in chain.ops:
         right = apply(v, op, x)
         kind = step_kind(v, op, right)
-        p = STEP_ACCURACY[kind] if not clean or kind == "mul" else 1.0
+        p = 1.0 if clean else STEP_ACCURACY[kind]
         v = right if rng.random() < p else near_miss(right, rng)
         out.append(v)
     return out
 
 
 def warm_start_target(chain: Chain, rng: random.Random, clean: bool = False) -> str:
+    """A supervised target: the working (right when ``clean``, else slipping at the kinds'
+    rates), re-checking a few lines before the answer in ``RAMBLE_RATE`` of the noisy ones."""
     values = noisy_values(chain, rng, clean)
     text = working(chain, values)
-    if rng.random() < RAMBLE_RATE:
+    if not clean and rng.random() < RAMBLE_RATE:
         # re-check a few lines before answering: longer, same answer
         head, answer = text.rsplit("Answer: ", 1)
         befores = [chain.start, *values[:-1]]
@@ -116,6 +132,12 @@ def ensure_reasoning_model(log: Callable[[str], None] = print, force: bool = Fal
     return ensure_model(MODEL_NAME, recipe_fingerprint(), build, log, force)
 
 
+def warm_start_chains(seed: int) -> list[Chain]:
+    """The warm start's own chains (another seed than the task's), never a test question of the task."""
+    test = {c.question for c in split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1]}
+    return [c for c in make_chains(WARM_START_CHAINS, seed + 1000) if c.question not in test]
+
+
 def build_reasoning_model(
     out_dir: Path, seed: int = 0, steps: int = SFT_STEPS, log: Callable[[str], None] = print
 ) -> dict:
@@ -126,8 +148,7 @@ def build_reasoning_model(
         len(tok), tok.pad_token_id, tok.eos_token_id, max_position_embeddings=MAX_POSITIONS, **MODEL_SIZES
     )
     model = Qwen2ForCausalLM(config)
-    # its own chains (another seed than the task's), so train and test prompts stay unseen
-    chains = make_chains(WARM_START_CHAINS, seed + 1000)
+    chains = warm_start_chains(seed)
     opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=20)
     model.train()
     t0 = time.time()
