@@ -44,6 +44,15 @@ def test_unknown_filter_metric():
     assert "algorithm.filter_groups.metric" in p and "'accuracy'" in p
 
 
+def test_greedy_groups_cannot_be_filtered():
+    # n identical greedy samples never have spread: the step would never fill
+    (p,) = problems("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.n=4")
+    assert "algorithm.filter_groups.enable" in p and "do_sample=false" in p and "n=4" in p
+    assert problems("actor_rollout_ref.rollout.do_sample=false", "algorithm.filter_groups.enable=false") == []
+    n1 = problems("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.n=1")
+    assert not any("algorithm.filter_groups.enable" in p for p in n1)
+
+
 def test_wrong_type_names_the_key():
     (p,) = problems("data.train_batch_size=many")
     assert "data.train_batch_size" in p

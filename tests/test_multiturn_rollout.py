@@ -205,3 +205,57 @@ def test_with_the_real_engine_shapes_and_masks():
     assert out.responses.shape == (6, 40) and out.attention_mask.shape == (6, 104)
     assert torch.all(out.response_mask <= out.attention_mask[:, 64:])
     assert len(info["num_turns"]) == 6
+
+
+class _SleepyLLM:
+    """vLLM's ``LLM`` as the in-process engine drives it with sleep mode on: a log of sleeps,
+    wake-ups and generate calls; replies from ``calc_then_answer`` on the decoded prompt."""
+
+    def __init__(self):
+        self.events: list[str] = []
+
+    def sleep(self, level):
+        self.events.append("sleep")
+
+    def wake_up(self):
+        self.events.append("wake")
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        self.events.append("generate")
+        outs = []
+        for p, sp in zip(prompts, params, strict=True):
+            reply = TOK(calc_then_answer(TOK.decode(p["prompt_token_ids"])), add_special_tokens=False)
+            ids = (reply["input_ids"] + [TOK.eos_token_id])[: sp.max_tokens]
+            comps = [
+                SimpleNamespace(
+                    index=i,
+                    token_ids=ids,
+                    logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids],
+                    finish_reason="stop",
+                )
+                for i in range(sp.n)
+            ]
+            outs.append(SimpleNamespace(outputs=comps))
+        return outs
+
+
+def test_vllm_engine_stays_awake_across_turns():
+    # with free_cache_engine on a GPU, sleeping between turns would offload the weights and drop
+    # the KV cache of the context the next turn extends: one wake-up and one sleep per rollout
+    pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
+    from dapo.rollout.vllm_rollout import VllmEngineBase, VllmRollout, VllmSettings
+
+    eng = object.__new__(VllmRollout)
+    settings = VllmSettings.for_model("float32", 512, device="cuda", free_cache_engine=True)
+    VllmEngineBase.__init__(eng, [TOK.eos_token_id], TOK.pad_token_id, settings, seed=0)
+    eng.llm, eng._asleep, eng._held = _SleepyLLM(), True, 0
+    mt = MultiTurnRollout(eng, TOK, [CalculatorTool()], MultiTurnSettings())
+    out, info = mt.generate(rows(2), SamplingParams(n=2, response_length=200), prompt_width=64)
+    assert info["num_turns"] == [4] * 4  # call, tool, answer: two generate calls
+    assert eng.llm.events == ["wake", "generate", "generate", "sleep"]
+    assert eng._asleep
+    # a plain generate outside a rollout still sleeps after itself
+    eng.generate([[5, 6]], SamplingParams(n=1, response_length=4))
+    assert eng.llm.events[4:] == ["wake", "generate", "sleep"]

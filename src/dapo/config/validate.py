@@ -162,6 +162,15 @@ def validate(cfg: Any) -> list[str]:
             "(a custom reward function may add its own keys)"
         )
 
+    if fg.enable and not rollout.do_sample and int(rollout.n) > 1 and not cfg.custom_reward_function.path:
+        # greedy decoding gives every sample of a group the same response, hence the same
+        # built-in reward: every group would be filtered, a step would never fill
+        p.append(
+            "algorithm.filter_groups.enable: every group is filtered when actor_rollout_ref.rollout.do_sample"
+            f"=false (its n={rollout.n} samples are one greedy response); set do_sample=true or "
+            "filter_groups.enable=false"
+        )
+
     # sampling parameters
     if rollout.do_sample:
         need(

@@ -25,6 +25,7 @@ continue every live trajectory from its own context.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -226,8 +227,6 @@ class MultiTurnRollout:
     def generate(
         self, rows: list[dict[str, Any]], params: SamplingParams, prompt_width: int
     ) -> tuple[MultiTurnOutput, dict[str, list]]:
-        s = self.settings
-        R, n = int(params.response_length), int(params.n)
         prompts = [self.prompt_ids(r) for r in rows]
         too_long = [len(p) for p in prompts if len(p) > prompt_width]
         if too_long:
@@ -235,11 +234,19 @@ class MultiTurnRollout:
                 f"a prompt with its tool schemas is {max(too_long)} tokens, over the prompt width {prompt_width}; "
                 "raise data.max_prompt_length (or actor_rollout_ref.rollout.prompt_length)"
             )
+        awake = getattr(self.engine, "awake", contextlib.nullcontext)
+        with awake():
+            return self._loop(rows, params, prompt_width, prompts)
+
+    def _loop(
+        self, rows: list[dict[str, Any]], params: SamplingParams, prompt_width: int, prompts: list[list[int]]
+    ) -> tuple[MultiTurnOutput, dict[str, list]]:
+        s = self.settings
+        R, n = int(params.response_length), int(params.n)
         trajs = [_Trajectory(row=r, prompt=p) for r, p in zip(rows, prompts) for _ in range(n)]
         counts = {
             k: 0 for k in (*ERROR_KINDS, "calls", "dropped_calls", "response_truncated", "budget_stops")
         }
-
         first = self.engine.generate(prompts, params, prompt_width=None)
         pending = [(i, first, i) for i in range(len(trajs))]
         try:

@@ -313,6 +313,7 @@ class VllmRollout(VllmEngineBase):
 
             self.llm = LLM(model=str(model_path), seed=self.seed, **settings.engine_kwargs())
         self._asleep = False
+        self._held = 0  # open awake() blocks: no sleep until the last one ends
 
     def _complete(
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
@@ -346,7 +347,22 @@ class VllmRollout(VllmEngineBase):
         finally:
             self._sleep()
 
+    @contextmanager
+    def awake(self) -> Iterator[None]:
+        """Keep the engine awake across the generations inside (a multi-turn rollout's turns):
+        sleeping between them would offload the weights and drop the KV cache of the contexts
+        the next turn extends."""
+        self._wake()
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self._sleep()
+
     def _sleep(self) -> None:
+        if self._held:
+            return
         if self.settings.device == "cuda" and self.settings.free_cache_engine and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True

@@ -348,6 +348,20 @@ class DynamicBatcher:
         )
         return self.cfg.on_exhausted
 
+    def _warn_many_rounds(self, st: _Stats, have: int) -> None:
+        k_max = self.cfg.max_num_gen_batches
+        log.warning(
+            "%d generation rounds for one step, %d of %d groups kept so far (%d filtered); "
+            "%s.max_num_gen_batches=%d. Set it > 0 with %s.on_exhausted=train|skip to bound this",
+            st.rounds,
+            have,
+            self.train_batch_size,
+            st.filtered(),
+            KEY,
+            k_max,
+            KEY,
+        )
+
     @staticmethod
     def _with_staleness(b: Batch, version: int) -> Batch:
         b["staleness"] = np.asarray([version - int(v) for v in b.non_tensors["gen_version"]], dtype=object)
@@ -404,17 +418,7 @@ class DynamicBatcher:
                 exhausted = self._exhausted(st, have, verl=False)
                 break
             if st.rounds and st.rounds % 50 == 0:
-                log.warning(
-                    "%d generation rounds for one step, %d of %d groups kept so far (%d filtered); "
-                    "%s.max_num_gen_batches=%d. Set it > 0 with %s.on_exhausted=train|skip to bound this",
-                    st.rounds,
-                    have,
-                    B,
-                    st.filtered(),
-                    KEY,
-                    k_max,
-                    KEY,
-                )
+                self._warn_many_rounds(st, have)
             rows, skipped = self._draw(source, self._round_size(B - have))
             st.skipped_prompts += skipped
             b = self._generate(rows, generate, st)
@@ -453,7 +457,9 @@ class DynamicBatcher:
                     stream.submit(rows)
                     launched += len(rows)
                     st.round_sizes.append(len(rows))
-                    st.rounds = math.ceil(launched / self.gen_batch_size)
+                    before, st.rounds = st.rounds, math.ceil(launched / self.gen_batch_size)
+                    if st.rounds // 50 > before // 50:  # unbounded and still short: say so, as default does
+                        self._warn_many_rounds(st, have)
                 if stream.in_flight == 0:  # the budget is spent and every launched group is in
                     exhausted = self._exhausted(st, have, verl=False)
                     break
