@@ -248,3 +248,27 @@ def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
     src = ListSource(prompt_rows(3), shuffle=False)
     chosen, skipped = b._draw(src, 1)
     assert [r["index"] for r in chosen] == [2] and skipped == 3 and src.taken == 4
+
+
+def test_a_carried_group_dropped_by_the_recheck_is_replaced_in_the_same_step():
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import FakeRollout, ListSource, prompt_rows, scripted
+
+    # step 1 keeps prompts 0 and 1 and carries prompt 2's group. Step 2, round 1: nothing spreads
+    # and prompt 2 comes back all right (P(no spread) 0.65 >= 0.6: its carried group is dropped);
+    # round 2 keeps only prompt 0. The batch must still hold 2 groups: a third round keeps prompt 1.
+    table = {
+        0: [[0, 1], [0, 0], [0, 1], [0, 0]],
+        1: [[0, 1], [0, 0], [0, 0], [0, 1]],
+        2: [[0, 1], [1, 1], [1, 1], [1, 1]],
+    }
+    c = FilterGroupsConfig(enable=True, adaptive_rounds=False, skip=SkipConfig(threshold=1.0, recheck=0.6))
+    b = DynamicBatcher(c, 2, 3, 2, 0)
+    src, gen = ListSource(prompt_rows(3), shuffle=False), FakeRollout(2, scripted(table))
+    assert b.next_batch(src, gen).metrics["dynamic_sampling/surplus_carried"] == 1
+    s2 = b.next_batch(src, gen)
+    assert s2.metrics["dynamic_sampling/recheck_dropped"] == 1
+    assert s2.metrics["dynamic_sampling/rounds"] == 3
+    assert s2.batch.non_tensors["index"].tolist() == [0, 0, 1, 1]
+    assert s2.metrics["dynamic_sampling/partial_step"] == 0.0

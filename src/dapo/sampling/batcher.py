@@ -423,7 +423,8 @@ class DynamicBatcher:
             st.skipped_prompts += skipped
             b = self._generate(rows, generate, st)
             kept_now = self._filter_into(b, st, fresh)
-            have += kept_now
+            self._recheck_pool(st)
+            have = len(self.pool) + len(fresh)
             self._adapt(len(rows), kept_now)
             self._report(on_round, st, have, self._pool_info())
         return self._take_from_pool(fresh, exhausted, st)
@@ -466,7 +467,8 @@ class DynamicBatcher:
                 rows, b = stream.wait()
                 b = self._tag(rows, b, st)
                 kept_now = self._filter_into(b, st, fresh)
-                have += kept_now
+                self._recheck_pool(st)
+                have = len(self.pool) + len(fresh)
                 finished += len(rows)
                 kept_step += kept_now
                 self._report(on_round, st, have, {**self._pool_info(), "in_flight": stream.in_flight})
@@ -535,10 +537,7 @@ class DynamicBatcher:
         the pool (``carry_over``) or is dropped."""
         cfg = self.cfg
         B = self.train_batch_size
-        # carried groups whose prompt this step's rounds found solved (or unsolvable) are dropped
-        rechecked = [g for g in self.pool if not self._solved_since(g)]
-        st.recheck_dropped += len(self.pool) - len(rechecked)
-        self.pool = rechecked
+        self._recheck_pool(st)
         carried = len(self.pool)
         groups = self.pool + fresh  # oldest first: carried groups are used before they expire
         if exhausted == "skip" or (exhausted == "train" and not groups):
@@ -557,6 +556,14 @@ class DynamicBatcher:
         st.carried_in = min(carried, len(take))
         batch = Batch.concat([g.batch for g in take])
         return SampledStep(self._with_staleness(batch, self.version), "train")
+
+    def _recheck_pool(self, st: _Stats) -> None:
+        """Drop the carried groups whose prompt this step's groups found solved (or unsolvable).
+        Run after every round or streamed group, so the groups still needed are generated in
+        the same step rather than the batch coming up short."""
+        rechecked = [g for g in self.pool if not self._solved_since(g)]
+        st.recheck_dropped += len(self.pool) - len(rechecked)
+        self.pool = rechecked
 
     def _round_size(self, need: int) -> int:
         cfg = self.cfg
