@@ -11,9 +11,8 @@ import torch
 
 from dapo.algo.kl import apply_kl_penalty
 from dapo.batch import Batch
-from dapo.rollout.hf import SamplingParams, left_pad
+from dapo.rollout.hf import SamplingParams
 from dapo.rollout.runner import RolloutRunner
-from dapo.rollout.vllm_rollout import to_rollout_output
 from dapo.sampling.prefetch import GenContext
 
 
@@ -103,8 +102,8 @@ class RoundStream:
         self.round, self.ctx = round_, ctx
         runner = round_.rollout
         self.params = runner.sampling_params()
-        self.engine_stream = runner.engine.stream(self.params)
-        self.prompt_width, self.pad_id = runner.prompt_width, runner.engine.pad_token_id
+        self.engine, self.prompt_width = runner.engine, runner.prompt_width
+        self.engine_stream = self.engine.stream(self.params)
         self._rows: dict[str, dict] = {}
 
     @property
@@ -120,13 +119,12 @@ class RoundStream:
         with self.ctx.timer("gen"):
             done = self.engine_stream.wait()
             rows = [self._rows.pop(rid) for rid, _ in done]
-            prompts, _ = left_pad([r["prompt_ids"] for r in rows], self.prompt_width, self.pad_id)
-            out = to_rollout_output(
+            out = self.engine.pack(
+                [r["prompt_ids"] for r in rows],
                 [samples for _, samples in done],
-                prompts,
                 self.params.n,
                 self.params.response_length,
-                self.pad_id,
+                self.prompt_width,
             )
             batch = out.to_batch(rows)
         return rows, self.round.finish(rows, batch, self.ctx)

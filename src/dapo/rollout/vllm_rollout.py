@@ -259,14 +259,26 @@ class VllmEngineBase:
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
     ) -> RolloutOutput:
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
+        requests = [sampling_fields(params, self.eos_token_ids, s) for s in seeds]
+        completions = self._complete(prompt_ids, requests)
+        return self.pack(prompt_ids, completions, params.n, params.response_length, prompt_width)
+
+    def pack(
+        self,
+        prompt_ids: list[list[int]],
+        completions: list[list[tuple[list[int], list[float], bool]]],
+        n: int,
+        response_length: int,
+        prompt_width: int | None = None,
+    ) -> RolloutOutput:
+        """The prompts (left-padded to ``prompt_width``, default the longest) and their completions
+        (per prompt, ``(token_ids, log-probs, stopped on a stop token)``) as a RolloutOutput."""
         from dapo.rollout.hf import left_pad
 
         width = prompt_width or max(len(p) for p in prompt_ids)
         prompts, _ = left_pad(prompt_ids, width, self.pad_token_id)
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
-        requests = [sampling_fields(params, self.eos_token_ids, s) for s in seeds]
-        completions = self._complete(prompt_ids, requests)
-        return to_rollout_output(completions, prompts, params.n, params.response_length, self.pad_token_id)
+        return to_rollout_output(completions, prompts, n, response_length, self.pad_token_id)
 
     @torch.no_grad()
     def generate_within(
@@ -276,16 +288,13 @@ class VllmEngineBase:
         multi-turn loop's later turns, where each trajectory has its own room left in
         ``response_length``. Responses are packed to ``max(budgets)`` columns; a sample that used
         its whole budget without a stop token is ``truncated``. Seeds are drawn as in :meth:`generate`."""
-        from dapo.rollout.hf import left_pad
-
-        prompts, _ = left_pad(prompt_ids, max(len(p) for p in prompt_ids), self.pad_token_id)
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
         requests = [
             sampling_fields(replace(params, n=1, response_length=int(b)), self.eos_token_ids, s)
             for b, s in zip(budgets, seeds, strict=True)
         ]
         completions = self._complete(prompt_ids, requests)
-        return to_rollout_output(completions, prompts, 1, max(budgets), self.pad_token_id)
+        return self.pack(prompt_ids, completions, 1, max(budgets))
 
     def _complete(
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
@@ -397,7 +406,6 @@ class VllmGroupStream:
         self._engine = rollout.llm.llm_engine
         # request id -> (submission number, per sample: token ids, log-probs, finish reason)
         self._flight: dict[str, tuple[int, list[list], list[list], list[str | None]]] = {}
-        self._rows: dict[str, list[int]] = {}
         self._submitted = 0
         rollout._wake()
 
