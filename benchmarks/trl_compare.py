@@ -639,7 +639,7 @@ def main() -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(
-        f"{args.task} task (preset {recipe.preset}), {args.steps} steps, seeds {args.seeds}; base model held-out accuracy: sampled "
+        f"{args.task} task (preset {recipe.preset}, lr {recipe.lr:g}), {args.steps} steps, seeds {args.seeds}; base model held-out accuracy: sampled "
         f"{base['sampled']:.3f}, greedy {base['greedy']:.3f}; target: sampled {args.target} "
         "(mean of two consecutive evaluations); ratios are to trl's run of the same seed"
     )
