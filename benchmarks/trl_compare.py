@@ -48,7 +48,7 @@ and on the long-reasoning task (a step costs about ten times an arithmetic one a
 held-out chains takes ~35 s, so fewer steps and prompts fit the same time):
 
     OMP_NUM_THREADS=1 nice -n 10 .venv-trl/bin/python benchmarks/trl_compare.py --task reasoning \\
-        --seeds 1 2 3 --steps 30 --eval-every 10 --eval-prompts 64 [--plot docs/img/trl_compare_reasoning.png]
+        --seeds 1 2 3 --steps 30 --eval-every 10 --eval-prompts 64 [--plot PNG]
 """
 
 from __future__ import annotations
@@ -413,16 +413,17 @@ class Evaluator:
             return_tensors="pt",
         )  # fmt: skip
         out: dict[str, float] = {}
+        r = self.recipe
         for name, kwargs in (
             ("greedy", {"do_sample": False, "num_return_sequences": 1}),
-            ("sampled", {"do_sample": True, "temperature": self.recipe.temperature, "top_k": self.recipe.top_k,
-                         "top_p": self.recipe.top_p, "num_return_sequences": VAL_SAMPLES}),
+            ("sampled", {"do_sample": True, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
+                         "num_return_sequences": VAL_SAMPLES}),
         ):  # fmt: skip
             torch.manual_seed(1234)
             with torch.no_grad():
                 ids = model.generate(
                     **enc,
-                    max_new_tokens=self.recipe.max_response,
+                    max_new_tokens=r.max_response,
                     eos_token_id=tok.eos_token_id,
                     pad_token_id=tok.pad_token_id,
                     **kwargs,
@@ -639,8 +640,9 @@ def main() -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(
-        f"{args.task} task (preset {recipe.preset}, lr {recipe.lr:g}), {args.steps} steps, seeds {args.seeds}; base model held-out accuracy: sampled "
-        f"{base['sampled']:.3f}, greedy {base['greedy']:.3f}; target: sampled {args.target} "
+        f"{args.task} task (preset {recipe.preset}, lr {recipe.lr:g}), {args.steps} steps, seeds "
+        f"{args.seeds}; base model held-out accuracy: sampled {base['sampled']:.3f}, greedy "
+        f"{base['greedy']:.3f}; target: sampled {args.target} "
         "(mean of two consecutive evaluations); ratios are to trl's run of the same seed"
     )
     cols = [
