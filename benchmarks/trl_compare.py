@@ -42,7 +42,7 @@ Needs TRL, which is not a dapo dependency: ``make venv-trl`` builds ``.venv-trl`
 torch, dapo) and the script is run with that venv's python:
 
     OMP_NUM_THREADS=1 nice -n 10 .venv-trl/bin/python benchmarks/trl_compare.py \\
-        --seeds 1 2 3 --steps 60 --eval-every 10 [--arms trl dapo dapo-nofilter] [--plot docs/img/trl_compare.png]
+        --seeds 1 2 3 --steps 60 --eval-every 10 [--arms trl dapo dapo-nofilter] [--plot PNG]
 
 and on the long-reasoning task (a step costs about ten times an arithmetic one and scoring 64
 held-out chains takes ~35 s, so fewer steps and prompts fit the same time):
