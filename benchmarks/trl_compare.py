@@ -1,34 +1,54 @@
-"""dapo beside TRL's GRPOTrainer on the built-in arithmetic task: held-out accuracy vs steps, vs
-training time and vs generated tokens, interleaved runs in one script.
+"""dapo beside TRL's GRPOTrainer on a built-in task: held-out accuracy vs steps, vs training
+time and vs generated tokens, interleaved runs in one script.
 
-Both trainers start from the same warm-started tiny model (``dapo.tasks.tiny_model``) on the same
-prompts (``dapo.tasks.arithmetic``, whose groups often lack spread: easy sums end up all-correct,
-two-digit products all-wrong) with the same recipe: 16 prompts x 8 responses per update, two
-micro-batches of 64, lr 5e-4 with 2 warm-up steps, AdamW (0.9, 0.999), no weight decay, grad clip
-1.0, clip ratios 0.2 / 0.28, token-mean loss (TRL's ``loss_type="dapo"``), no KL (``beta=0``),
-temperature 1.0 without top-k/top-p, 24 response tokens, and the same reward: dapo's scorer for
-the task (math_dapo, +1 / -1) plus the DAPO overlong penalty (8-token buffer), called from a TRL
-reward function. TRL runs on CPU with ``use_cpu=True, bf16=False`` and one torch thread, as dapo
-does (``trainer.torch_threads=1``).
+``--task`` picks the built-in task, its warm-started tiny model and the preset whose recipe every
+arm runs (``PRESETS``):
+* ``arithmetic`` (default): ``dapo.tasks.arithmetic`` and ``dapo.tasks.tiny_model``, the
+  ``default`` preset. Groups often lack spread: easy sums end up all-correct, two-digit
+  products all-wrong. 16 prompts x 8 responses per update in two micro-batches of 64, lr 5e-4
+  with 2 warm-up steps, 24 response tokens, an 8-token overlong buffer.
+* ``reasoning``: ``dapo.tasks.reasoning`` (chained operations with written working of 136-205
+  tokens) and ``dapo.tasks.tiny_reasoning_model``, the ``reasoning`` preset: 8 prompts x 8
+  responses in one micro-batch, 256 response tokens, a 40-token overlong buffer, the preset's lr.
+
+The recipe is read from the preset through dapo's own config loading (``load_recipe``), so the
+TRL arm follows the preset when it changes; the script stops with one line naming the key if the
+preset sets something the TRL arm cannot copy. Both trainers use: AdamW with the preset's betas,
+weight decay and grad clip, a constant lr after linear warm-up, the preset's clip ratios
+(0.2 / 0.28), token-mean loss (TRL's ``loss_type="dapo"``), no KL (``beta=0``), one update a
+step, the preset's temperature and top-k/top-p, and the same reward: dapo's scorer for the task
+(math_dapo, +1 / -1) plus the DAPO overlong penalty, called from a TRL reward function. TRL runs
+on CPU with ``use_cpu=True, bf16=False`` and one torch thread, as dapo does
+(``trainer.torch_threads=1``). Tokenizers are loaded with ``dapo.model.loader.load_tokenizer``
+(AutoTokenizer would drop the character vocabulary's spaces and newlines, which the reasoning
+working is written with) and checked to round-trip a line of working.
 
 Arms (each a fresh process, in rotating order per seed):
 * ``trl``: GRPOTrainer; every group is trained on, with or without spread;
-* ``dapo``: ``dapo train`` as the demo runs it: dynamic sampling, the default strategy;
+* ``dapo``: ``dapo train --config-name <preset>``: dynamic sampling, the default strategy;
 * ``dapo-verl``: dynamic sampling with verl's semantics (regenerate whole rounds until full);
-* ``dapo-nofilter``: ``algorithm.filter_groups.enable=false``, 16 prompts a step: the same
-  algorithm as ``trl``, so the difference is the framework's alone.
+* ``dapo-nofilter``: ``algorithm.filter_groups.enable=false``, ``data.gen_batch_size`` =
+  ``data.train_batch_size``: the same algorithm as ``trl``, so the difference is the
+  framework's alone.
 
 Every arm saves its weights every ``--eval-every`` steps (outside its timed steps); afterwards
 each saved model is scored by one evaluator here, the same for all arms: greedy and 4 samples at
-temperature 1.0 (seeded) on the task's held-out prompts, graded by dapo's scorer. Training time is
-the sum of step times: dapo's ``timing_s/step`` (generation, reward, update; not validation,
-saving or logging) and, for TRL, on_step_begin to on_step_end (generation, reward, loss, update).
+the preset's temperature (seeded) on the task's held-out prompts, up to the preset's
+``data.max_response_length`` new tokens, graded by dapo's scorer. Training time is the sum of
+step times: dapo's ``timing_s/step`` (generation, reward, update; not validation, saving or
+logging) and, for TRL, on_step_begin to on_step_end (generation, reward, loss, update).
 
 Needs TRL, which is not a dapo dependency: ``make venv-trl`` builds ``.venv-trl`` (TRL, CPU
 torch, dapo) and the script is run with that venv's python:
 
     OMP_NUM_THREADS=1 nice -n 10 .venv-trl/bin/python benchmarks/trl_compare.py \\
-        --seeds 1 2 3 --steps 60 --eval-every 10 [--arms trl dapo dapo-nofilter] [--plot docs/img/trl_compare.png]
+        --seeds 1 2 3 --steps 60 --eval-every 10 [--arms trl dapo dapo-nofilter] [--plot PNG]
+
+and on the long-reasoning task (a step costs about ten times an arithmetic one and scoring 64
+held-out chains takes ~35 s, so fewer steps and prompts fit the same time):
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv-trl/bin/python benchmarks/trl_compare.py --task reasoning \\
+        --seeds 1 2 3 --steps 30 --eval-every 10 --eval-prompts 64 [--plot PNG]
 """
 
 from __future__ import annotations
@@ -41,50 +61,149 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ARMS = ("trl", "dapo", "dapo-verl", "dapo-nofilter")
-# the demo preset's recipe (src/dapo/config/presets/default.yaml), which the TRL arm copies
-PROMPTS_PER_STEP = 16
-GROUP_SIZE = 8
-MICRO_BATCH = 64
-LR = 5e-4
-WARMUP_STEPS = 2
-MAX_RESPONSE = 24
-OVERLONG_BUFFER = 8
-TEMPERATURE = 1.0
+# the built-in task -> the preset whose recipe every arm runs (src/dapo/config/presets/)
+PRESETS = {"arithmetic": "default", "reasoning": "reasoning"}
+# held-out sampled accuracy for the time-to-target columns (base model: ~0.18 and ~0.13)
+TARGETS = {"arithmetic": 0.55, "reasoning": 0.2}
 VAL_SAMPLES = 4
+# a line of the reasoning task's working: a tokenizer that drops its spaces or newline cannot run it
+ROUNDTRIP_TEXT = "1)+8: 47+8=55\n"
 
-DAPO_ARM_OVERRIDES = {
-    "dapo": [],
-    "dapo-verl": ["algorithm.filter_groups.strategy=verl", "algorithm.filter_groups.on_exhausted=train"],
-    "dapo-nofilter": ["algorithm.filter_groups.enable=false", f"data.gen_batch_size={PROMPTS_PER_STEP}"],
-}
+
+@dataclass(frozen=True)
+class Recipe:
+    """The part of a dapo preset that the TRL arm copies (the dapo arms run the preset itself)."""
+
+    task: str
+    preset: str
+    prompts_per_step: int  # data.train_batch_size
+    group_size: int  # rollout.n
+    micro_batch: int  # actor.ppo_micro_batch_size_per_gpu
+    lr: float
+    warmup_steps: int
+    betas: tuple[float, float]
+    weight_decay: float
+    grad_clip: float
+    clip_low: float
+    clip_high: float
+    scale_rewards: str  # TRL's name for algorithm.norm_adv_by_std_in_grpo
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off (TRL's convention; dapo's is -1)
+    max_response: int  # data.max_response_length
+    overlong_buffer: int
+    overlong_penalty_factor: float
+
+
+def load_recipe(task: str) -> Recipe:
+    """The recipe of ``task``'s preset, read through dapo's own config loading (as ``dapo train
+    --config-name <preset>`` resolves it); exits naming the key when the preset sets something
+    the TRL arm cannot copy."""
+    from dapo.config.load import load_config
+    from dapo.config.resolve import resolve
+
+    preset = PRESETS[task]
+    cfg = resolve(load_config([], preset=preset))
+    arr, alg = cfg.actor_rollout_ref, cfg.algorithm
+    actor, rollout, optim, overlong = (
+        arr.actor,
+        arr.rollout,
+        arr.actor.optim,
+        cfg.reward_model.overlong_buffer,
+    )
+    required = {
+        "data.builtin_task": (cfg.data.builtin_task, task),
+        "algorithm.adv_estimator": (alg.adv_estimator, "grpo"),
+        "algorithm.use_kl_in_reward": (alg.use_kl_in_reward, False),
+        "actor_rollout_ref.actor.use_kl_loss": (actor.use_kl_loss, False),
+        "actor_rollout_ref.actor.entropy_coeff": (actor.entropy_coeff, 0.0),
+        "actor_rollout_ref.actor.loss_agg_mode": (actor.loss_agg_mode, "token-mean"),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": (actor.policy_loss.loss_mode, "vanilla"),
+        "actor_rollout_ref.actor.ppo_epochs": (actor.ppo_epochs, 1),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": (actor.ppo_mini_batch_size, cfg.data.train_batch_size),
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": (optim.lr_scheduler_type, "constant"),
+        "reward_model.reward_manager": (cfg.reward_model.reward_manager, "dapo"),
+        "reward_model.overlong_buffer.enable": (overlong.enable, True),
+    }
+    for key, (got, want) in required.items():
+        if got != want:
+            raise SystemExit(
+                f"dapo: trl_compare.py copies preset {preset!r} into TRL only with {key}={want} "
+                f"(one update a step, GRPO, token-mean, no KL); the preset sets {got}"
+            )
+    return Recipe(
+        task=task,
+        preset=preset,
+        prompts_per_step=int(cfg.data.train_batch_size),
+        group_size=int(rollout.n),
+        micro_batch=int(actor.ppo_micro_batch_size_per_gpu),
+        lr=float(optim.lr),
+        warmup_steps=int(optim.lr_warmup_steps),
+        betas=(float(optim.betas[0]), float(optim.betas[1])),
+        weight_decay=float(optim.weight_decay),
+        grad_clip=float(actor.grad_clip),
+        clip_low=float(actor.clip_ratio_low),
+        clip_high=float(actor.clip_ratio_high),
+        scale_rewards="group" if alg.norm_adv_by_std_in_grpo else "none",
+        temperature=float(rollout.temperature),
+        top_p=float(rollout.top_p),
+        top_k=max(int(rollout.top_k), 0),
+        max_response=int(cfg.data.max_response_length),
+        overlong_buffer=int(overlong.len),
+        overlong_penalty_factor=float(overlong.penalty_factor),
+    )
+
+
+def dapo_arm_overrides(arm: str, recipe: Recipe) -> list[str]:
+    return {
+        "dapo": [],
+        "dapo-verl": ["algorithm.filter_groups.strategy=verl", "algorithm.filter_groups.on_exhausted=train"],
+        "dapo-nofilter": [
+            "algorithm.filter_groups.enable=false",
+            f"data.gen_batch_size={recipe.prompts_per_step}",
+        ],
+    }[arm]
+
+
+def load_tokenizer_checked(model_dir: Path):
+    """dapo's tokenizer for ``model_dir`` (AutoTokenizer would load the character vocabulary
+    under Qwen2's class, which drops spaces and newlines), checked to round-trip the working."""
+    from dapo.model.loader import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    back = tok.decode(tok.encode(ROUNDTRIP_TEXT, add_special_tokens=False))
+    if back != ROUNDTRIP_TEXT:
+        raise SystemExit(f"dapo: the tokenizer in {model_dir} turns {ROUNDTRIP_TEXT!r} into {back!r}")
+    return tok
 
 
 # ------------------------------------------------------------------------------ the TRL arm
 
 
-def overlong_penalty(length: int) -> float:
-    """DAPO's soft overlong punishment, as dapo's reward manager applies it (penalty factor 1)."""
-    exceed = length - (MAX_RESPONSE - OVERLONG_BUFFER)
-    return min(-exceed / OVERLONG_BUFFER, 0.0)
+def overlong_penalty(length: int, recipe: Recipe) -> float:
+    """DAPO's soft overlong punishment, as dapo's reward manager applies it."""
+    exceed = length - (recipe.max_response - recipe.overlong_buffer)
+    return min(-exceed / recipe.overlong_buffer * recipe.overlong_penalty_factor, 0.0)
 
 
-def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
+def run_trl(recipe: Recipe, seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
     """One GRPOTrainer run; writes ``metrics.jsonl`` (one row a step) and ``step_<N>/`` weights."""
     import pyarrow.parquet as pq
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from dapo.reward.scorers import default_compute_score
     from dapo.tasks import builtin_model, builtin_task
 
     torch.set_num_threads(1)
-    model_dir = builtin_model("arithmetic")
-    train_path, _ = builtin_task("arithmetic")
+    model_dir = builtin_model(recipe.task)
+    train_path, _ = builtin_task(recipe.task)
     rows = pq.read_table(train_path).to_pylist()
     dataset = Dataset.from_list(
         [
@@ -96,7 +215,7 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
             for r in rows
         ]
     )
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_tokenizer_checked(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gen = {"sequences": 0, "tokens": 0, "acc": 0.0}
 
@@ -107,7 +226,7 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
             res = default_compute_score(src, text, gt)
             score = float(res["score"]) if isinstance(res, dict) else float(res)
             gen["acc"] += float(res.get("acc", score > 0)) if isinstance(res, dict) else float(score > 0)
-            out.append(score + overlong_penalty(len(ids)))
+            out.append(score + overlong_penalty(len(ids), recipe))
             gen["tokens"] += len(ids)
         gen["sequences"] += len(completions)
         return out
@@ -127,6 +246,13 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
                 kw["model"].save_pretrained(run_dir / f"step_{state.global_step}")
                 tok.save_pretrained(run_dir / f"step_{state.global_step}")
 
+    sequences = recipe.prompts_per_step * recipe.group_size
+    micro = min(recipe.micro_batch, sequences)
+    if sequences % micro:
+        raise SystemExit(
+            f"dapo: {sequences} sequences a step do not split into micro-batches of {micro} "
+            f"(actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu in preset {recipe.preset!r})"
+        )
     config = GRPOConfig(
         output_dir=str(run_dir / "trl_out"),
         use_cpu=True,
@@ -135,25 +261,25 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
         seed=seed,
         data_seed=seed,
         max_steps=steps,
-        per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP_SIZE // MICRO_BATCH,
-        num_generations=GROUP_SIZE,
-        max_completion_length=MAX_RESPONSE,
-        temperature=TEMPERATURE,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=LR,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=sequences // micro,
+        num_generations=recipe.group_size,
+        max_completion_length=recipe.max_response,
+        temperature=recipe.temperature,
+        top_p=recipe.top_p,
+        top_k=recipe.top_k,
+        learning_rate=recipe.lr,
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=WARMUP_STEPS,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        max_grad_norm=1.0,
+        warmup_steps=recipe.warmup_steps,
+        weight_decay=recipe.weight_decay,
+        adam_beta1=recipe.betas[0],
+        adam_beta2=recipe.betas[1],
+        max_grad_norm=recipe.grad_clip,
         loss_type="dapo",
         beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        scale_rewards="group",
+        epsilon=recipe.clip_low,
+        epsilon_high=recipe.clip_high,
+        scale_rewards=recipe.scale_rewards,
         num_iterations=1,
         gradient_checkpointing=False,
         logging_steps=1,
@@ -170,6 +296,8 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
         processing_class=tok,
         callbacks=[Timing()],
     )
+    if trainer.processing_class is not tok:
+        raise SystemExit("dapo: GRPOTrainer replaced the tokenizer it was given")
     trainer.train()
     with open(run_dir / "metrics.jsonl", "w") as f:
         for row in rows_out:
@@ -179,12 +307,14 @@ def run_trl(seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
 # ------------------------------------------------------------------------------ the dapo arms
 
 
-def run_dapo(arm: str, seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
+def run_dapo(arm: str, recipe: Recipe, seed: int, steps: int, eval_every: int, run_dir: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
         "dapo.cli",
         "train",
+        "--config-name",
+        recipe.preset,
         f"trainer.seed={seed}",
         f"data.seed={seed}",
         f"trainer.total_training_steps={steps}",
@@ -199,7 +329,7 @@ def run_dapo(arm: str, seed: int, steps: int, eval_every: int, run_dir: Path) ->
         "trainer.rollout_data_dir=null",
         "trainer.save_final_model=false",
         "trainer.torch_threads=1",
-        *DAPO_ARM_OVERRIDES[arm],
+        *dapo_arm_overrides(arm, recipe),
     ]
     run_logged(cmd, run_dir)
 
@@ -214,7 +344,7 @@ def run_logged(cmd: list[str], run_dir: Path) -> None:
         raise SystemExit(f"dapo: {' '.join(cmd[:4])} ... failed (exit {rc}); the end of {log}:\n{tail}")
 
 
-def dapo_rows(run_dir: Path) -> list[dict]:
+def dapo_rows(run_dir: Path, recipe: Recipe) -> list[dict]:
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -224,9 +354,9 @@ def dapo_rows(run_dir: Path) -> list[dict]:
             {
                 "step": int(r["step"]),
                 "step_s": r["timing_s/step"],
-                "gen_sequences": r.get("dynamic_sampling/generated_groups", 0.0) * GROUP_SIZE,
+                "gen_sequences": r.get("dynamic_sampling/generated_groups", 0.0) * recipe.group_size,
                 "gen_tokens": r.get("dynamic_sampling/generated_response_tokens", 0.0),
-                "trained_groups": r.get("dynamic_sampling/trained_groups", PROMPTS_PER_STEP),
+                "trained_groups": r.get("dynamic_sampling/trained_groups", recipe.prompts_per_step),
             }
         )
     return out
@@ -254,14 +384,16 @@ def trl_checkpoints(run_dir: Path) -> dict[int, Path]:
 
 class Evaluator:
     """Held-out accuracy of a saved model: greedy, and the mean of ``VAL_SAMPLES`` samples at
-    temperature 1.0 with a fixed seed, on the task's test prompts, graded by dapo's scorer."""
+    the recipe's temperature with a fixed seed, on the task's test prompts, up to the recipe's
+    response length, graded by dapo's scorer (math_dapo for both built-in tasks)."""
 
-    def __init__(self, max_prompts: int | None = None):
+    def __init__(self, recipe: Recipe, max_prompts: int | None = None):
         import pyarrow.parquet as pq
 
         from dapo.tasks import builtin_task
 
-        _, test_path = builtin_task("arithmetic")
+        self.recipe = recipe
+        _, test_path = builtin_task(recipe.task)
         rows = pq.read_table(test_path).to_pylist()[:max_prompts]
         self.prompts = [r["prompt"] for r in rows]
         self.truths = [r["reward_model"]["ground_truth"] for r in rows]
@@ -269,11 +401,11 @@ class Evaluator:
 
     def __call__(self, model_dir: Path) -> dict[str, float]:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from dapo.reward.scorers import default_compute_score
 
-        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok = load_tokenizer_checked(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         tok.padding_side = "left"
         enc = tok.apply_chat_template(
@@ -281,16 +413,17 @@ class Evaluator:
             return_tensors="pt",
         )  # fmt: skip
         out: dict[str, float] = {}
+        r = self.recipe
         for name, kwargs in (
             ("greedy", {"do_sample": False, "num_return_sequences": 1}),
-            ("sampled", {"do_sample": True, "temperature": TEMPERATURE, "top_k": 0, "top_p": 1.0,
+            ("sampled", {"do_sample": True, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
                          "num_return_sequences": VAL_SAMPLES}),
         ):  # fmt: skip
             torch.manual_seed(1234)
             with torch.no_grad():
                 ids = model.generate(
                     **enc,
-                    max_new_tokens=MAX_RESPONSE,
+                    max_new_tokens=r.max_response,
                     eos_token_id=tok.eos_token_id,
                     pad_token_id=tok.pad_token_id,
                     **kwargs,
@@ -309,17 +442,18 @@ class Evaluator:
 
 
 def run_arm(arm: str, seed: int, steps: int, eval_every: int, out: Path, evaluate: Evaluator) -> dict:
+    recipe = evaluate.recipe
     run_dir = out / f"{arm}-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if arm == "trl":
-        cmd = [sys.executable, __file__, "--trl-worker", str(run_dir), "--seeds", str(seed)]
-        cmd += ["--steps", str(steps), "--eval-every", str(eval_every)]
+        cmd = [sys.executable, __file__, "--trl-worker", str(run_dir), "--task", recipe.task]
+        cmd += ["--seeds", str(seed), "--steps", str(steps), "--eval-every", str(eval_every)]
         run_logged(cmd, run_dir)
         rows, ckpts = trl_rows(run_dir), trl_checkpoints(run_dir)
     else:
-        run_dapo(arm, seed, steps, eval_every, run_dir)
-        rows, ckpts = dapo_rows(run_dir), dapo_checkpoints(run_dir)
+        run_dapo(arm, recipe, seed, steps, eval_every, run_dir)
+        rows, ckpts = dapo_rows(run_dir, recipe), dapo_checkpoints(run_dir)
     wall = time.perf_counter() - t0
     cum_s, cum_tok, cum_seq, by_step = 0.0, 0.0, 0.0, {}
     for r in rows:
@@ -397,7 +531,7 @@ def summarize(results: list[dict], arms: list[str], target: float) -> list[dict]
     return table
 
 
-def plot(results: list[dict], arms: list[str], base: dict[str, float], path: Path) -> None:
+def plot(results: list[dict], arms: list[str], base: dict[str, float], recipe: Recipe, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -420,7 +554,8 @@ def plot(results: list[dict], arms: list[str], base: dict[str, float], path: Pat
     for ax, label in zip(axes, ("training step", "training time (s)", "generated response tokens")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"held-out accuracy (mean of {VAL_SAMPLES} samples, T=1)")
+    axes[0].set_ylabel(f"held-out accuracy (mean of {VAL_SAMPLES} samples, T={recipe.temperature:g})")
+    fig.suptitle(f"{recipe.task} task, preset {recipe.preset}")
     axes[0].legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -433,12 +568,19 @@ def fmt_list(values: list, spec: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--task", choices=sorted(PRESETS), default="arithmetic", help="built-in task and its preset"
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=["trl", "dapo", "dapo-nofilter"])
     ap.add_argument(
-        "--target", type=float, default=0.55, help="held-out sampled accuracy for the time-to-target columns"
+        "--target",
+        type=float,
+        default=None,
+        help="held-out sampled accuracy for the time-to-target columns "
+        f"(default: {', '.join(f'{k} {v}' for k, v in TARGETS.items())})",
     )
     ap.add_argument("--eval-prompts", type=int, default=None, help="score only the first N held-out prompts")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
@@ -447,8 +589,11 @@ def main() -> int:
     ap.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    recipe = load_recipe(args.task)
+    if args.target is None:
+        args.target = TARGETS[args.task]
     if args.trl_worker is not None:
-        run_trl(args.seeds[0], args.steps, args.eval_every, args.trl_worker)
+        run_trl(recipe, args.seeds[0], args.steps, args.eval_every, args.trl_worker)
         return 0
     try:
         import trl  # noqa: F401
@@ -461,8 +606,8 @@ def main() -> int:
 
     torch.set_num_threads(1)
     out = args.out or Path(tempfile.mkdtemp(prefix="dapo-trl-compare-"))
-    evaluate = Evaluator(args.eval_prompts)
-    base = evaluate(builtin_model("arithmetic"))
+    evaluate = Evaluator(recipe, args.eval_prompts)
+    base = evaluate(builtin_model(args.task))
     results = []
     for i, seed in enumerate(args.seeds):
         order = (
@@ -478,6 +623,8 @@ def main() -> int:
                 flush=True,
             )
     summary = {
+        "task": args.task,
+        "recipe": asdict(recipe),
         "steps": args.steps,
         "seeds": args.seeds,
         "target": args.target,
@@ -488,13 +635,14 @@ def main() -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if args.plot:
-        plot(results, args.arms, base, args.plot)
+        plot(results, args.arms, base, recipe, args.plot)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     print(
-        f"{args.steps} steps, seeds {args.seeds}; base model held-out accuracy: sampled "
-        f"{base['sampled']:.3f}, greedy {base['greedy']:.3f}; target: sampled {args.target} "
+        f"{args.task} task (preset {recipe.preset}, lr {recipe.lr:g}), {args.steps} steps, seeds "
+        f"{args.seeds}; base model held-out accuracy: sampled {base['sampled']:.3f}, greedy "
+        f"{base['greedy']:.3f}; target: sampled {args.target} "
         "(mean of two consecutive evaluations); ratios are to trl's run of the same seed"
     )
     cols = [
