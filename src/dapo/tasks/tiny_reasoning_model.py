@@ -4,16 +4,21 @@ Built on first use and cached under ``$DAPO_CACHE/models/tiny-reasoning-<fingerp
 fingerprint hashes the recipe below). Same character tokenizer and Qwen2 shape family as the
 arithmetic model (:mod:`dapo.model.tiny`), with room for ~300 tokens.
 
-The warm start teaches the format, not the skill: every target writes one numbered line per
-operation and ends ``Answer: X``. A clean phase (right results) comes first so the procedure is
-learnt; in the noisy phase that follows, each line's result is right only with the probability
-of its kind (``STEP_ACCURACY``: plain lines almost always, carries and borrows less often, lines
-with three-digit values least), and a wrong line is a near miss that the following lines carry
-forward, as a model that slipped would. The model so starts solving easy chains mostly, hard
-ones rarely, and RL can raise its accuracy on the lines it sometimes gets right. In the noisy
-phase ``RAMBLE_RATE`` of the targets re-check a few lines before answering, which runs into the
-overlong buffer of the preset (so overlong shaping has something to shape). The warm start
-never sees the task's test questions.
+The warm start teaches the format and the procedure, and leaves the sampled accuracy to RL:
+every target writes one numbered line per operation and ends ``Answer: X``. A clean phase
+(right results) comes first so the procedure is learnt; in the noisy phase that follows, a
+line's result is right with the probability of its kind (``STEP_ACCURACY``: plain lines always,
+carries and borrows 0.9, lines with three-digit values 0.75), and a wrong line is a near miss
+that the following lines carry forward, as a model that slipped would. The model so writes the
+right working greedily but slips at temperature 1 where a line carries, borrows or crosses 100:
+it starts solving easy chains about half the time and hard ones rarely, and RL raises its
+sampled accuracy by making those lines surer. Plain lines are kept exact on purpose: a model
+unsure on every line (an earlier recipe, plain lines right 0.99 of the time and under-trained)
+spreads its doubt over all ~200 tokens of a response, and a policy-gradient step on 64
+responses then lowered its accuracy instead of raising it. In the noisy phase ``RAMBLE_RATE``
+of the targets re-check a few lines before answering, which runs into the overlong buffer of
+the preset (so overlong shaping has something to shape). The warm start never sees the task's
+test questions.
 """
 
 from __future__ import annotations
@@ -48,10 +53,10 @@ from dapo.tasks.tiny_model import sft_tensors
 
 MODEL_NAME = "tiny-reasoning"
 # probability that a warm-start line's result is right, by kind of step (noisy phase)
-STEP_ACCURACY = {"plain": 0.99, "wrap": 0.85, "big": 0.8, "mul": 0.5}
+STEP_ACCURACY = {"plain": 1.0, "wrap": 0.9, "big": 0.75, "mul": 0.5}
 RAMBLE_RATE = 0.15
 CLEAN_FRACTION = 0.6
-SFT_STEPS = 600
+SFT_STEPS = 1200
 SFT_BATCH = 32
 SFT_LR = 3e-3
 MODEL_SIZES = dict(
