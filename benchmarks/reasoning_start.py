@@ -1,0 +1,102 @@
+"""Where a model starts on the long-reasoning task: solve rates per tier (sampled and greedy),
+how often each kind of line is right in its samples, and how the solve rate spreads over chains.
+
+A line counts as right when the value after ``=`` follows from the value the model wrote
+before it on that line, so a slip is counted once and not again in the lines that carry it.
+
+    .venv/bin/python benchmarks/reasoning_start.py [--model DIR] [--n 8] [--temperature 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+
+import torch
+
+from dapo.model.loader import load_tokenizer
+from dapo.reward.scorers.math_dapo import compute_score
+from dapo.rollout.hf import HFRollout, SamplingParams
+from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, apply, split_chains
+from dapo.tasks.tiny_reasoning_model import step_kind
+
+LINE = re.compile(r"\d+\)([+-])(\d+): (\d+)[+-]\d+=(\d+)$")
+
+
+def line_kinds(text: str, hits: dict[str, list[int]]) -> None:
+    """Count each written line as right or wrong under its kind."""
+    for line in text.split("\n"):
+        m = LINE.match(line)
+        if m:
+            op, x, before, after = m[1], int(m[2]), int(m[3]), int(m[4])
+            right = apply(before, op, x)
+            hits[step_kind(before, op, right)].append(after == right)
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--model", default=None, help="model directory (default: the reasoning preset's warm start)"
+    )
+    ap.add_argument("--n", type=int, default=8, help="samples per test chain")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--response-length", type=int, default=256)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    path = args.model or str(ensure_reasoning_model())
+    model, tok = AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
+    _, test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
+    prompts = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": c.question}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for c in test
+    ]
+    print(f"model {path}; {len(test)} test chains")
+    for label, n, do_sample in (
+        (f"temperature {args.temperature}, {args.n} samples", args.n, True),
+        ("greedy", 1, False),
+    ):
+        out = HFRollout(model, [tok.eos_token_id], tok.pad_token_id, seed=0).generate(
+            prompts,
+            SamplingParams(
+                n=n, temperature=args.temperature, do_sample=do_sample, response_length=args.response_length
+            ),
+        )
+        solved: dict[str, list[float]] = defaultdict(list)
+        hits: dict[str, list[int]] = defaultdict(list)
+        for j, chain in enumerate(test):
+            right = 0
+            for i in range(j * n, (j + 1) * n):
+                text = tok.decode(out.responses[i][out.response_mask[i].bool()], skip_special_tokens=True)
+                right += compute_score(text, str(chain.answer))["acc"]
+                line_kinds(text, hits)
+            solved[chain.tier].append(right / n)
+        every = [r for t in TIERS for r in solved[t]]
+        print(
+            f"\n{label}: solved "
+            + ", ".join(f"{t} {sum(solved[t]) / len(solved[t]):.3f}" for t in TIERS)
+            + f", all {sum(every) / len(every):.3f}"
+        )
+        print(
+            "  lines right: "
+            + ", ".join(f"{k} {sum(v) / len(v):.3f} ({len(v)})" for k, v in sorted(hits.items()))
+        )
+        if n > 1:
+            print(
+                f"  chains solved by every sample {sum(r == 1 for r in every)}, by none {sum(r == 0 for r in every)}"
+            )
+            for t in TIERS:
+                print(f"  {t:6s} solve rates " + " ".join(f"{r:.2f}" for r in sorted(solved[t])))
+
+
+if __name__ == "__main__":
+    main()
