@@ -7,14 +7,16 @@ and reports:
 
 * wall (training) time for ours to reach verl mode's final accuracy, where the final accuracy
   is the mean of verl mode's last ``--smooth`` validations and ours' accuracy is smoothed the
-  same way (one noisy validation does not decide it), over verl mode's training time;
-* held-out accuracy of both at equal steps (the last validation, smoothed);
+  same way (one noisy validation does not decide it), over verl mode's training time; ours runs
+  ``--ours-steps`` (1.5x verl mode's by default), as it may need more steps than verl mode to
+  get there;
+* held-out accuracy of both at equal steps (at verl mode's last step, smoothed);
 * generated response tokens per trained response token;
 * the mean time of a step split by phase (generation, reward, old log-probs, update, other).
 
 Training time is the sum of ``timing_s/step`` (validation excluded: the same work for both).
 Writes ``headline.json`` and ``headline_acc_vs_time.png`` (held-out accuracy against training
-time, every seed) into ``--out``.
+time, every seed) into ``--out``. A run already finished in ``--out`` is read, not run again.
 
     .venv/bin/python benchmarks/headline_real_loop.py --seeds 1 2 3 [--steps 60] [--json] [key=value ...]
 """
@@ -23,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from reasoning_runs import train_reasoning
@@ -38,12 +40,22 @@ STRATEGIES = {
 }
 
 
-def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
+def read_or_run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> list[dict]:
+    """The run's metrics rows: read when ``out`` already holds it finished (an interrupted
+    benchmark resumes), otherwise run into a fresh directory."""
     run_dir = out / f"{name}-seed{seed}"
-    t0 = time.perf_counter()
-    rows = train_reasoning(run_dir, seed, steps, test_freq, STRATEGIES[name], extra)
-    wall = time.perf_counter() - t0
-    curve, elapsed = [], 0.0
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        if sum("timing_s/step" in r for r in rows) >= steps:
+            return rows
+        shutil.rmtree(run_dir)
+    return train_reasoning(run_dir, seed, steps, test_freq, STRATEGIES[name], extra)
+
+
+def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
+    rows = read_or_run(name, seed, steps, test_freq, out, extra)
+    curve, elapsed, elapsed_at = [], 0.0, {}
     phase = dict.fromkeys(PHASES, 0.0)
     gen_tok = train_tok = 0.0
     nsteps = 0
@@ -51,6 +63,7 @@ def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list
         if "timing_s/step" in r:
             nsteps += 1
             elapsed += r["timing_s/step"]
+            elapsed_at[nsteps] = elapsed
             for p in PHASES:
                 phase[p] += r.get(f"timing_s/{p}", 0.0)
         gen_tok += r.get("dynamic_sampling/generated_response_tokens", 0.0)
@@ -62,8 +75,8 @@ def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list
     return {
         "name": name,
         "seed": seed,
-        "wall_s": wall,
         "train_s": elapsed,
+        "train_s_at_step": elapsed_at,
         "steps": nsteps,
         "curve": curve,
         "gen_tokens_per_train_token": gen_tok / max(1.0, train_tok),
@@ -82,18 +95,23 @@ def smoothed(curve: list[tuple[int, float, float]], k: int) -> list[tuple[int, f
 
 
 def compare(v: dict, o: dict, k: int) -> dict:
+    """Ours against verl mode: the time ours takes to reach verl mode's final (smoothed) accuracy,
+    which may need more steps than verl mode ran, and both at verl mode's last step."""
     sv, so = smoothed(v["curve"], k), smoothed(o["curve"], k)
     target = sv[-1][2]
     t_o = next((t for _, t, a in so if a >= target - 1e-9), None)
+    at_verl_end = next((a for step, _, a in so if step == v["steps"]), None)
     return {
         "seed": v["seed"],
         "verl_final_acc": target,
+        "ours_acc_at_verl_steps": at_verl_end,
         "ours_final_acc": so[-1][2],
         "verl_train_s": v["train_s"],
         "ours_train_s": o["train_s"],
         "ours_time_to_verl_acc_s": t_o,
+        "ours_steps_to_verl_acc": next((step for step, _, a in so if a >= target - 1e-9), None),
         "time_ratio": t_o / v["train_s"] if t_o is not None else None,
-        "same_step_ratio": o["train_s"] / v["train_s"],
+        "same_step_ratio": o["train_s_at_step"].get(v["steps"], o["train_s"]) / v["train_s"],
         "verl_gen_tokens_per_train_token": v["gen_tokens_per_train_token"],
         "ours_gen_tokens_per_train_token": o["gen_tokens_per_train_token"],
         "verl_gen_share": v["gen_share"],
@@ -134,6 +152,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--test-freq", type=int, default=10)
+    ap.add_argument(
+        "--ours-steps",
+        type=int,
+        default=None,
+        help="steps for ours (default 1.5x --steps: time to verl mode's accuracy may need more steps)",
+    )
     ap.add_argument("--smooth", type=int, default=3, help="validations averaged for the final accuracy")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
     ap.add_argument("--json", action="store_true")
@@ -141,14 +165,17 @@ def main() -> int:
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="dapo-headline-"))
     results = {}
+    ours_steps = args.ours_steps or round(1.5 * args.steps)
     for seed in args.seeds:
         for name in STRATEGIES:  # interleaved
-            results[name, seed] = run(name, seed, args.steps, args.test_freq, out, list(args.overrides))
+            steps = args.steps if name == "verl" else ours_steps
+            results[name, seed] = run(name, seed, steps, args.test_freq, out, list(args.overrides))
             print(f"seed {seed} {name}: {results[name, seed]['train_s']:.0f} s", file=sys.stderr, flush=True)
     table = [compare(results["verl", s], results["ours", s], args.smooth) for s in args.seeds]
     ratios = [r["time_ratio"] if r["time_ratio"] is not None else float("inf") for r in table]
     summary = {
         "steps": args.steps,
+        "ours_steps": ours_steps,
         "overrides": args.overrides,
         "runs": table,
         "median_time_ratio": statistics.median(ratios),
@@ -160,7 +187,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    print(f"{args.steps} steps, reasoning preset; overrides: {' '.join(args.overrides) or '(none)'}")
+    print(
+        f"verl mode {args.steps} steps, ours {ours_steps}, reasoning preset; "
+        f"overrides: {' '.join(args.overrides) or '(none)'}"
+    )
     print(
         f"{'seed':>4} {'verl acc':>8} {'ours acc':>8} {'verl s':>6} {'ours s to verl acc':>18} {'ratio':>5}"
         f" {'same-step':>9} {'gen share verl':>14} {'gen tok/train tok verl':>22} {'ours':>5}"
@@ -170,7 +200,7 @@ def main() -> int:
         reach = "never" if t is None else f"{t:.0f}"
         ratio = "n/a" if t is None else f"{r['time_ratio']:.2f}"
         print(
-            f"{r['seed']:>4} {r['verl_final_acc']:>8.3f} {r['ours_final_acc']:>8.3f} {r['verl_train_s']:>6.0f}"
+            f"{r['seed']:>4} {r['verl_final_acc']:>8.3f} {r['ours_acc_at_verl_steps']:>8.3f} {r['verl_train_s']:>6.0f}"
             f" {reach:>18} {ratio:>5}"
             f" {r['same_step_ratio']:>9.2f} {r['verl_gen_share']:>14.2f}"
             f" {r['verl_gen_tokens_per_train_token']:>22.2f} {r['ours_gen_tokens_per_train_token']:>5.2f}"
