@@ -14,10 +14,11 @@ is set equal, so verl's untrimmed-batch quirk does not hand it 3x the data). For
 configuration and seed it records held-out accuracy at every validation against steps and
 against cumulative generated response tokens, then writes ``ablation.json`` and two PNG plots
 (mean and standard deviation over seeds) into ``--out``. A run already finished in ``--out``
-(its directory holds metrics up to ``--steps``) is read instead of run again, so an interrupted
-ablation resumes, and the two dynamic-sampling runs can be the headline benchmark's own runs
-(``benchmarks/headline_real_loop.py`` runs the same configurations: link ``verl-seedN`` as
-``dyn_verl-seedN`` and ``ours-seedN`` as ``dyn_ours-seedN``).
+with the same resolved configuration is read instead of run again, so an interrupted ablation
+resumes, and the two dynamic-sampling runs can be the headline benchmark's own runs
+(``benchmarks/headline_real_loop.py`` runs the same configurations: link its ``verl-seedN`` as
+``dyn_verl-seedN``, and its ``ours-seedN`` as ``dyn_ours-seedN`` when it ran with
+``--ours-steps`` equal to ``--steps``; a run of other steps is run again).
 
     .venv/bin/python benchmarks/dapo_ablation.py --seeds 1 2 3 [--steps 60] [--out DIR] [key=value ...]
 """
@@ -72,18 +73,9 @@ def configurations() -> dict[str, list[str]]:
     return out
 
 
-def finished_rows(run_dir: Path, steps: int) -> list[dict] | None:
-    """The metrics of a run already in ``run_dir`` that reached ``steps``, else None."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return rows if any(r.get("step") == steps and "timing_s/step" in r for r in rows) else None
-
-
 def run(name: str, overrides: list[str], seed: int, steps: int, test_freq: int, out: Path) -> dict:
     run_dir = out / f"{name.strip('+')}-seed{seed}"
-    rows = finished_rows(run_dir, steps) or train_reasoning(run_dir, seed, steps, test_freq, overrides)
+    rows = train_reasoning(run_dir, seed, steps, test_freq, overrides)
     tokens, curve = 0.0, []
     for r in rows:
         tokens += r.get("dynamic_sampling/generated_response_tokens", 0.0)

@@ -16,7 +16,8 @@ and reports:
 
 Training time is the sum of ``timing_s/step`` (validation excluded: the same work for both).
 Writes ``headline.json`` and ``headline_acc_vs_time.png`` (held-out accuracy against training
-time, every seed) into ``--out``. A run already finished in ``--out`` is read, not run again.
+time, every seed) into ``--out``. A run already finished in ``--out`` with the same configuration
+is read, not run again.
 
     .venv/bin/python benchmarks/headline_real_loop.py --seeds 1 2 3 [--steps 60] [--json] [key=value ...]
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -40,21 +40,8 @@ STRATEGIES = {
 }
 
 
-def read_or_run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> list[dict]:
-    """The run's metrics rows: read when ``out`` already holds it finished (an interrupted
-    benchmark resumes), otherwise run into a fresh directory."""
-    run_dir = out / f"{name}-seed{seed}"
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        if sum("timing_s/step" in r for r in rows) >= steps:
-            return rows
-        shutil.rmtree(run_dir)
-    return train_reasoning(run_dir, seed, steps, test_freq, STRATEGIES[name], extra)
-
-
 def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
-    rows = read_or_run(name, seed, steps, test_freq, out, extra)
+    rows = train_reasoning(out / f"{name}-seed{seed}", seed, steps, test_freq, STRATEGIES[name], extra)
     curve, elapsed, elapsed_at = [], 0.0, {}
     phase = dict.fromkeys(PHASES, 0.0)
     gen_tok = train_tok = 0.0
@@ -63,7 +50,7 @@ def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list
         if "timing_s/step" in r:
             nsteps += 1
             elapsed += r["timing_s/step"]
-            elapsed_at[nsteps] = elapsed
+            elapsed_at[int(r["step"])] = elapsed
             for p in PHASES:
                 phase[p] += r.get(f"timing_s/{p}", 0.0)
         gen_tok += r.get("dynamic_sampling/generated_response_tokens", 0.0)
@@ -100,7 +87,7 @@ def compare(v: dict, o: dict, k: int) -> dict:
     sv, so = smoothed(v["curve"], k), smoothed(o["curve"], k)
     target = sv[-1][2]
     t_o = next((t for _, t, a in so if a >= target - 1e-9), None)
-    at_verl_end = next((a for step, _, a in so if step == v["steps"]), None)
+    at_verl_end = [a for step, _, a in so if step <= v["steps"]][-1]
     return {
         "seed": v["seed"],
         "verl_final_acc": target,
@@ -111,7 +98,7 @@ def compare(v: dict, o: dict, k: int) -> dict:
         "ours_time_to_verl_acc_s": t_o,
         "ours_steps_to_verl_acc": next((step for step, _, a in so if a >= target - 1e-9), None),
         "time_ratio": t_o / v["train_s"] if t_o is not None else None,
-        "same_step_ratio": o["train_s_at_step"].get(v["steps"], o["train_s"]) / v["train_s"],
+        "same_step_ratio": o["train_s_at_step"][v["steps"]] / v["train_s"],
         "verl_gen_tokens_per_train_token": v["gen_tokens_per_train_token"],
         "ours_gen_tokens_per_train_token": o["gen_tokens_per_train_token"],
         "verl_gen_share": v["gen_share"],
@@ -166,6 +153,8 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="dapo-headline-"))
     results = {}
     ours_steps = args.ours_steps or round(1.5 * args.steps)
+    if ours_steps < args.steps or args.steps % args.test_freq:
+        ap.error("--ours-steps must be at least --steps, and --steps a multiple of --test-freq")
     for seed in args.seeds:
         for name in STRATEGIES:  # interleaved
             steps = args.steps if name == "verl" else ours_steps
@@ -200,7 +189,8 @@ def main() -> int:
         reach = "never" if t is None else f"{t:.0f}"
         ratio = "n/a" if t is None else f"{r['time_ratio']:.2f}"
         print(
-            f"{r['seed']:>4} {r['verl_final_acc']:>8.3f} {r['ours_acc_at_verl_steps']:>8.3f} {r['verl_train_s']:>6.0f}"
+            f"{r['seed']:>4} {r['verl_final_acc']:>8.3f} {r['ours_acc_at_verl_steps']:>8.3f}"
+            f" {r['verl_train_s']:>6.0f}"
             f" {reach:>18} {ratio:>5}"
             f" {r['same_step_ratio']:>9.2f} {r['verl_gen_share']:>14.2f}"
             f" {r['verl_gen_tokens_per_train_token']:>22.2f} {r['ours_gen_tokens_per_train_token']:>5.2f}"

@@ -2,7 +2,8 @@
 how often each kind of line is right in its samples, and how the solve rate spreads over chains.
 
 A line counts as right when the value after ``=`` follows from the value the model wrote
-before it on that line, so a slip is counted once and not again in the lines that carry it.
+before it on that line, so a slip is counted once and not again in the lines that carry it;
+lines not in the working's form (``3)+8: 63+8=71``) are not counted.
 
     .venv/bin/python benchmarks/reasoning_start.py [--model DIR] [--n 8] [--temperature 1.0]
 """
@@ -14,17 +15,29 @@ import re
 from collections import defaultdict
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from dapo.model.loader import load_tokenizer
 from dapo.reward.scorers.math_dapo import compute_score
 from dapo.rollout.hf import HFRollout, SamplingParams
-from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, apply, split_chains
+from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, Chain, apply, split_chains
 from dapo.tasks.tiny_reasoning_model import step_kind
 
 LINE = re.compile(r"\d+\)([+-])(\d+): (\d+)[+-]\d+=(\d+)$")
 
 
-def line_kinds(text: str, hits: dict[str, list[int]]) -> None:
+def prompt_ids(tok: PreTrainedTokenizerBase, chains: list[Chain]) -> list[list[int]]:
+    """Each chain's question in the chat template, as the trainer encodes its prompts."""
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": c.question}], add_generation_prompt=True, tokenize=False
+        )
+        for c in chains
+    ]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def line_kinds(text: str, hits: dict[str, list[bool]]) -> None:
     """Count each written line as right or wrong under its kind."""
     for line in text.split("\n"):
         m = LINE.match(line)
@@ -51,15 +64,7 @@ def main() -> None:
     path = args.model or str(ensure_reasoning_model())
     model, tok = AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
     _, test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
-    prompts = [
-        tok(
-            tok.apply_chat_template(
-                [{"role": "user", "content": c.question}], add_generation_prompt=True, tokenize=False
-            ),
-            add_special_tokens=False,
-        )["input_ids"]
-        for c in test
-    ]
+    prompts = prompt_ids(tok, test)
     print(f"model {path}; {len(test)} test chains")
     for label, n, do_sample in (
         (f"temperature {args.temperature}, {args.n} samples", args.n, True),
@@ -72,7 +77,7 @@ def main() -> None:
             ),
         )
         solved: dict[str, list[float]] = defaultdict(list)
-        hits: dict[str, list[int]] = defaultdict(list)
+        hits: dict[str, list[bool]] = defaultdict(list)
         for j, chain in enumerate(test):
             right = 0
             for i in range(j * n, (j + 1) * n):
@@ -91,9 +96,8 @@ def main() -> None:
             + ", ".join(f"{k} {sum(v) / len(v):.3f} ({len(v)})" for k, v in sorted(hits.items()))
         )
         if n > 1:
-            print(
-                f"  chains solved by every sample {sum(r == 1 for r in every)}, by none {sum(r == 0 for r in every)}"
-            )
+            every_sample, no_sample = sum(r == 1 for r in every), sum(r == 0 for r in every)
+            print(f"  chains solved by every sample {every_sample}, by none {no_sample}")
             for t in TIERS:
                 print(f"  {t:6s} solve rates " + " ".join(f"{r:.2f}" for r in sorted(solved[t])))
 

@@ -63,12 +63,17 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ARMS = ("trl", "dapo", "dapo-verl", "dapo-nofilter")
 # the built-in task -> the preset whose recipe every arm runs (src/dapo/config/presets/)
 PRESETS = {"arithmetic": "default", "reasoning": "reasoning"}
-# held-out sampled accuracy for the time-to-target columns (base model: ~0.18 and ~0.13)
-TARGETS = {"arithmetic": 0.55, "reasoning": 0.2}
+# held-out sampled accuracy for the time-to-target columns (base models: ~0.18 and ~0.43; the
+# reasoning preset's runs pass 0.6 at about step 20 of 40)
+TARGETS = {"arithmetic": 0.55, "reasoning": 0.6}
 VAL_SAMPLES = 4
 # a line of the reasoning task's working: a tokenizer that drops its spaces or newline cannot run it
 ROUNDTRIP_TEXT = "1)+8: 47+8=55\n"
@@ -169,7 +174,7 @@ def dapo_arm_overrides(arm: str, recipe: Recipe) -> list[str]:
     }[arm]
 
 
-def load_tokenizer_checked(model_dir: Path):
+def load_tokenizer_checked(model_dir: Path) -> PreTrainedTokenizerBase:
     """dapo's tokenizer for ``model_dir`` (AutoTokenizer would load the character vocabulary
     under Qwen2's class, which drops spaces and newlines), checked to round-trip the working."""
     from dapo.model.loader import load_tokenizer

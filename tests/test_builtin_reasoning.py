@@ -73,7 +73,7 @@ def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
     assert tiers.count("easy") == 100 and tiers.count("medium") == 200 and tiers.count("hard") == 100
 
 
-def test_warm_start_teaches_the_format_not_the_skill():
+def test_warm_start_targets_slip_at_each_kinds_rate():
     from dapo.tasks.tiny_reasoning_model import STEP_ACCURACY, noisy_values, step_kind, warm_start_target
 
     rng = random.Random(0)

@@ -14,11 +14,11 @@ right working greedily but slips at temperature 1 where a line carries, borrows 
 it starts solving easy chains about half the time and hard ones rarely, and RL raises its
 sampled accuracy by making those lines surer. Plain lines are kept exact on purpose: a model
 unsure on every line (an earlier recipe, plain lines right 0.99 of the time and under-trained)
-spreads its doubt over all ~200 tokens of a response, and a policy-gradient step on 64
-responses then lowered its accuracy instead of raising it. In the noisy phase ``RAMBLE_RATE``
-of the targets re-check a few lines before answering, which runs into the overlong buffer of
-the preset (so overlong shaping has something to shape). The warm start never sees the task's
-test questions.
+spreads its doubt over all ~200 tokens of a response, and a policy-gradient step from 64 prompts x
+8 responses then lowered its accuracy instead of raising it. In the noisy phase ``RAMBLE_RATE`` of
+the targets re-check a few lines before answering, which runs into the overlong buffer of the
+preset (so overlong shaping has something to shape). The warm start never sees the task's test
+questions.
 """
 
 from __future__ import annotations
