@@ -27,13 +27,12 @@ import copy
 import random
 
 import torch
-from reasoning_start import prompt_ids
+from reasoning_start import generate, load
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo.actor.forward import response_logprobs
-from dapo.model.loader import load_tokenizer
 from dapo.reward.scorers.math_dapo import compute_score
-from dapo.rollout.hf import HFRollout, RolloutOutput, SamplingParams
+from dapo.rollout.hf import RolloutOutput
 from dapo.tasks.reasoning import SEED, TEST_SIZE, TRAIN_SIZE, Chain, split_chains
 
 
@@ -47,19 +46,18 @@ def sample(
     length: int,
 ) -> tuple[RolloutOutput, torch.Tensor]:
     """Responses of ``n`` samples per chain and their scores (+1 / -1)."""
-    engine = HFRollout(model, [tok.eos_token_id], tok.pad_token_id, seed=seed)
-    out = engine.generate(
-        prompt_ids(tok, chains), SamplingParams(n=n, temperature=temperature, response_length=length)
-    )
-    scores = []
-    for i in range(out.responses.shape[0]):
-        text = tok.decode(out.responses[i][out.response_mask[i].bool()], skip_special_tokens=True)
-        scores.append(compute_score(text, str(chains[i // n].answer))["score"])
+    out, texts = generate(model, tok, chains, n, temperature, seed, length)
+    scores = [compute_score(t, str(chains[i // n].answer))["score"] for i, t in enumerate(texts)]
     return out, torch.tensor(scores)
 
 
 def policy_gradient(
-    model, tok, out, scores: torch.Tensor, n: int, temperature: float
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    out: RolloutOutput,
+    scores: torch.Tensor,
+    n: int,
+    temperature: float,
 ) -> dict[str, torch.Tensor]:
     """Gradient of the token-mean GRPO loss (advantages normalised by each group's std)."""
     r = scores.view(-1, n)
@@ -85,8 +83,6 @@ def moved(model: PreTrainedModel, delta: dict[str, torch.Tensor]) -> PreTrainedM
 
 
 def main() -> None:
-    from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model", default=None, help="model directory (default: the reasoning preset's warm start)"
@@ -102,10 +98,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from transformers import AutoModelForCausalLM
-
-    path = args.model or str(ensure_reasoning_model())
-    base, tok = AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
+    path, base, tok = load(args.model)
     train, test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
     chains = random.Random(args.seed).sample(train, args.prompts)
 

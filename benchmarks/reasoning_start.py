@@ -15,11 +15,11 @@ import re
 from collections import defaultdict
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo.model.loader import load_tokenizer
 from dapo.reward.scorers.math_dapo import compute_score
-from dapo.rollout.hf import HFRollout, SamplingParams
+from dapo.rollout.hf import HFRollout, RolloutOutput, SamplingParams
 from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, Chain, apply, split_chains
 from dapo.tasks.tiny_reasoning_model import step_kind
 
@@ -37,6 +37,38 @@ def prompt_ids(tok: PreTrainedTokenizerBase, chains: list[Chain]) -> list[list[i
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
+def load(model_dir: str | None) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model_dir`` (default: the reasoning preset's warm start, built on first use), its model
+    and dapo's tokenizer for it."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
+
+    path = model_dir or str(ensure_reasoning_model())
+    return path, AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
+
+
+def generate(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    chains: list[Chain],
+    n: int,
+    temperature: float,
+    seed: int,
+    length: int,
+    do_sample: bool = True,
+) -> tuple[RolloutOutput, list[str]]:
+    """``n`` responses per chain (chain j's are rows ``j*n .. j*n+n-1``) and their texts."""
+    engine = HFRollout(model, [tok.eos_token_id], tok.pad_token_id, seed=seed)
+    params = SamplingParams(n=n, temperature=temperature, do_sample=do_sample, response_length=length)
+    out = engine.generate(prompt_ids(tok, chains), params)
+    texts = [
+        tok.decode(out.responses[i][out.response_mask[i].bool()], skip_special_tokens=True)
+        for i in range(out.responses.shape[0])
+    ]
+    return out, texts
+
+
 def line_kinds(text: str, hits: dict[str, list[bool]]) -> None:
     """Count each written line as right or wrong under its kind."""
     for line in text.split("\n"):
@@ -48,10 +80,6 @@ def line_kinds(text: str, hits: dict[str, list[bool]]) -> None:
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM
-
-    from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model", default=None, help="model directory (default: the reasoning preset's warm start)"
@@ -61,27 +89,19 @@ def main() -> None:
     ap.add_argument("--response-length", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    path = args.model or str(ensure_reasoning_model())
-    model, tok = AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
+    path, model, tok = load(args.model)
     _, test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
-    prompts = prompt_ids(tok, test)
     print(f"model {path}; {len(test)} test chains")
     for label, n, do_sample in (
         (f"temperature {args.temperature}, {args.n} samples", args.n, True),
         ("greedy", 1, False),
     ):
-        out = HFRollout(model, [tok.eos_token_id], tok.pad_token_id, seed=0).generate(
-            prompts,
-            SamplingParams(
-                n=n, temperature=args.temperature, do_sample=do_sample, response_length=args.response_length
-            ),
-        )
+        _, texts = generate(model, tok, test, n, args.temperature, 0, args.response_length, do_sample)
         solved: dict[str, list[float]] = defaultdict(list)
         hits: dict[str, list[bool]] = defaultdict(list)
         for j, chain in enumerate(test):
             right = 0
-            for i in range(j * n, (j + 1) * n):
-                text = tok.decode(out.responses[i][out.response_mask[i].bool()], skip_special_tokens=True)
+            for text in texts[j * n : (j + 1) * n]:
                 right += compute_score(text, str(chain.answer))["acc"]
                 line_kinds(text, hits)
             solved[chain.tier].append(right / n)
