@@ -3,9 +3,13 @@ how often each kind of line is right in its samples, and how the solve rate spre
 
 A line counts as right when the value after ``=`` follows from the value the model wrote
 before it on that line, so a slip is counted once and not again in the lines that carry it;
-lines not in the working's form (``3)+8: 63+8=71``) are not counted.
+lines not in the working's form (``3)+8: 63+8=71``) are not counted. With ``--split train`` it
+reads a task's training chains instead (``reasoning_sparse`` shares the ``reasoning`` task's
+test chains; its training pool is where most chains are beyond reach), and the share of chains
+with spread is the share of groups of ``--n`` that dynamic sampling would keep.
 
-    .venv/bin/python benchmarks/reasoning_start.py [--model DIR] [--n 8] [--temperature 1.0]
+    .venv/bin/python benchmarks/reasoning_start.py [--task reasoning_sparse --split train] [--model DIR] \
+        [--n 8] [--temperature 1.0]
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dapo.model.loader import load_tokenizer
 from dapo.reward.scorers.math_dapo import compute_score
 from dapo.rollout.hf import HFRollout, RolloutOutput, SamplingParams
-from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, Chain, apply, split_chains
+from dapo.tasks.reasoning import SEED, TEST_SIZE, TIERS, TRAIN_SIZE, Chain, apply, sparse_split, split_chains
 from dapo.tasks.tiny_reasoning_model import step_kind
 
 LINE = re.compile(r"\d+\)([+-])(\d+): (\d+)[+-]\d+=(\d+)$")
@@ -84,31 +88,37 @@ def main() -> None:
     ap.add_argument(
         "--model", default=None, help="model directory (default: the reasoning preset's warm start)"
     )
-    ap.add_argument("--n", type=int, default=8, help="samples per test chain")
+    ap.add_argument("--task", choices=("reasoning", "reasoning_sparse"), default="reasoning")
+    ap.add_argument("--split", choices=("test", "train"), default="test")
+    ap.add_argument("--n", type=int, default=8, help="samples per chain")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--response-length", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(1)
     path, model, tok = load(args.model)
-    _, test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
-    print(f"model {path}; {len(test)} test chains")
+    train, test = (
+        sparse_split() if args.task == "reasoning_sparse" else split_chains(TRAIN_SIZE, TEST_SIZE, SEED)
+    )
+    chains = train if args.split == "train" else test
+    tiers = [t for t in TIERS if any(c.tier == t for c in chains)]
+    print(f"model {path}; {len(chains)} {args.split} chains of {args.task}")
     for label, n, do_sample in (
         (f"temperature {args.temperature}, {args.n} samples", args.n, True),
         ("greedy", 1, False),
     ):
-        _, texts = generate(model, tok, test, n, args.temperature, 0, args.response_length, do_sample)
+        _, texts = generate(model, tok, chains, n, args.temperature, 0, args.response_length, do_sample)
         solved: dict[str, list[float]] = defaultdict(list)
         hits: dict[str, list[bool]] = defaultdict(list)
-        for j, chain in enumerate(test):
+        for j, chain in enumerate(chains):
             right = 0
             for text in texts[j * n : (j + 1) * n]:
                 right += compute_score(text, str(chain.answer))["acc"]
                 line_kinds(text, hits)
             solved[chain.tier].append(right / n)
-        every = [r for t in TIERS for r in solved[t]]
+        every = [r for t in tiers for r in solved[t]]
         print(
             f"\n{label}: solved "
-            + ", ".join(f"{t} {sum(solved[t]) / len(solved[t]):.3f}" for t in TIERS)
+            + ", ".join(f"{t} {sum(solved[t]) / len(solved[t]):.3f}" for t in tiers)
             + f", all {sum(every) / len(every):.3f}"
         )
         print(
@@ -117,8 +127,11 @@ def main() -> None:
         )
         if n > 1:
             every_sample, no_sample = sum(r == 1 for r in every), sum(r == 0 for r in every)
-            print(f"  chains solved by every sample {every_sample}, by none {no_sample}")
-            for t in TIERS:
+            spread = 1 - (every_sample + no_sample) / len(every)
+            print(
+                f"  chains solved by every sample {every_sample}, by none {no_sample}; with spread {spread:.3f}"
+            )
+            for t in tiers:
                 print(f"  {t:6s} solve rates " + " ".join(f"{r:.2f}" for r in sorted(solved[t])))
 
 

@@ -9,10 +9,13 @@ from dapo.reward.scorers import default_compute_score
 from dapo.tasks.reasoning import (
     MAX_STEPS,
     MIN_STEPS,
+    SPARSE_TIER_WEIGHTS,
     Chain,
     apply,
     make_chain,
     make_chains,
+    reasoning_task_fingerprint,
+    sparse_split,
     split_chains,
     to_row,
     working,
@@ -43,20 +46,24 @@ def test_hand_chains_of_each_tier():
     hard = Chain(91, (("+", 7),) * 3, "hard")
     assert working(hard) == "1)+7: 91+7=98\n2)+7: 98+7=105\n3)+7: 105+7=112\nAnswer: 112"
     assert default_compute_score("arithmetic", working(hard), "112")["acc"] is True
+    beyond = Chain(184, (("-", 12),) * 2, "beyond")
+    assert beyond.question == "184 1)-12 2)-12 ="
+    assert working(beyond) == "1)-12: 184-12=172\n2)-12: 172-12=160\nAnswer: 160"
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_tiers_follow_their_rules(seed):
     rng = random.Random(seed)
     for _ in range(40):
-        for tier in ("easy", "medium", "hard"):
+        for tier in ("easy", "medium", "hard", "beyond"):
             c = make_chain(rng, tier)
-            assert MIN_STEPS <= len(c.ops) <= MAX_STEPS
+            assert MIN_STEPS <= len(c.ops) <= (MIN_STEPS + 1 if tier == "beyond" else MAX_STEPS)
             assert len(set(c.ops)) == 1  # one operation, repeated
             op, x = c.ops[0]
-            assert op in "+-" and (x in (1, 2) if tier == "easy" else 3 <= x <= 9)
+            operands = {"easy": (1, 2), "beyond": tuple(range(11, 20))}.get(tier, tuple(range(3, 10)))
+            assert op in "+-" and x in operands
             values = [c.start, *c.values()]
-            if tier == "hard":  # crosses 100
+            if tier in ("hard", "beyond"):  # crosses 100
                 assert 10 <= min(values) <= 99 < max(values) <= 199
             else:
                 assert 10 <= min(values) and max(values) <= 99
@@ -71,6 +78,29 @@ def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
     assert min(lengths) >= 128 and max(lengths) <= 215
     tiers = [c.tier for c in make_chains(400, 1)]
     assert tiers.count("easy") == 100 and tiers.count("medium") == 200 and tiers.count("hard") == 100
+
+
+def test_the_reasoning_task_is_unchanged_by_the_sparse_one():
+    # the reasoning preset's data (and so its published results) stays the same generator output
+    assert reasoning_task_fingerprint() == "4c7649e5d5"
+    assert "beyond" not in {c.tier for c in make_chains(400, 1)}
+
+
+def test_sparse_task_is_mostly_beyond_reach_and_new_to_the_warm_start(char_tokenizer):
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    train, test = sparse_split()
+    # held out: the reasoning task's own test chains, all within reach
+    assert [c.question for c in test] == [c.question for c in split_chains(2000, 128, 0)[1]]
+    assert len(train) == 384
+    train_q, test_q = {c.question for c in train}, {c.question for c in test}
+    assert len(train_q) == 384 and not train_q & test_q
+    assert not train_q & {c.question for c in warm_start_chains(0)}
+    assert [sum(c.tier == t for c in train) for t in SPARSE_TIER_WEIGHTS] == [15, 31, 15, 323]
+    assert {c.tier for c in train} == set(SPARSE_TIER_WEIGHTS) and "beyond" not in {c.tier for c in test}
+    lengths = [len(char_tokenizer(working(c), add_special_tokens=False)["input_ids"]) for c in train]
+    # as short as the reasoning task's: right working never reaches the preset's overlong buffer
+    assert min(lengths) >= 128 and max(lengths) <= 215
 
 
 def test_warm_start_targets_slip_at_each_kinds_rate():
@@ -106,7 +136,8 @@ def test_warm_start_never_sees_a_test_question():
     assert len(chains) > 0.95 * WARM_START_CHAINS and not {c.question for c in chains} & test
 
 
-def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):
+@pytest.mark.parametrize("task", ["reasoning", "reasoning_sparse"])
+def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
     from dapo.cli import main
     from dapo.tasks.tiny_reasoning_model import build_reasoning_model
 
@@ -121,6 +152,7 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):
             "--config-name",
             "reasoning",
             f"actor_rollout_ref.model.path={model}",
+            f"data.builtin_task={task}",
             f"trainer.default_local_dir={run}",
             "trainer.total_training_steps=1",
             "trainer.val_before_train=false",
@@ -141,3 +173,5 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch):
     # chain prompts (chat tokens + "dd 1)+d ... =") are 40+ tokens; arithmetic prompts are ~10
     assert m["prompt_length/min"] >= 40 and m["prompt_length/max"] <= 80
     assert m["response_length/max"] <= 256
+    data = next((tmp_path / "cache" / "data").iterdir())
+    assert data.name.startswith(f"{task}-")

@@ -55,7 +55,8 @@ class DataConfig:
     # extra keyword arguments of tokenizer.apply_chat_template (e.g. enable_thinking)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # ours: the built-in task (and tiny model) used when train_files (model.path) is null:
-    # arithmetic (short answers) or reasoning (chained operations with written working)
+    # arithmetic (short answers), reasoning (chained operations with written working) or
+    # reasoning_sparse (the same chains, most beyond the tiny model's reach: few groups with spread)
     builtin_task: str = "arithmetic"
 
 

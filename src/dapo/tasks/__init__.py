@@ -6,7 +6,8 @@ cache (``$DAPO_CACHE``, default ``~/.cache/dapo``) by one mechanism, ``cache.ens
 * ``arithmetic_tools``: the same problems for the calculator tool, and ``tiny_tool_model``,
   warm-started to call it (``dapo train --config-name tools``);
 * ``reasoning``: chained operations with written working, and ``tiny_reasoning_model``
-  (``dapo train --config-name reasoning``);
+  (``dapo train --config-name reasoning``); ``reasoning_sparse``: the same chains and model,
+  most of them beyond the model's reach, few groups with spread (``data.builtin_task=reasoning_sparse``);
 * ``arithmetic_chat``: chat-form word problems for a real instruct model (``docs/smollm2.md``).
 
 Each folder's name carries a fingerprint of its recipe, so a changed recipe builds anew.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 #: ``data.builtin_task`` values (the tool task is chosen by ``multi_turn.enable`` instead)
-BUILTIN_TASKS = ("arithmetic", "reasoning")
+BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse")
 
 
 def builtin_task_name(cfg: Any) -> str:
@@ -40,6 +41,10 @@ def builtin_task(
         from dapo.tasks.reasoning import ensure_reasoning_task
 
         return ensure_reasoning_task(log)
+    if name == "reasoning_sparse":
+        from dapo.tasks.reasoning import ensure_sparse_task
+
+        return ensure_sparse_task(log)
     from dapo.tasks.arithmetic import ensure_task
 
     return ensure_task(log)
@@ -51,7 +56,7 @@ def builtin_model(name: str = "arithmetic", log: Callable[[str], None] = print) 
         from dapo.tasks.tiny_tool_model import ensure_tiny_tool_model
 
         return ensure_tiny_tool_model(log=log)
-    if name == "reasoning":
+    if name in ("reasoning", "reasoning_sparse"):
         from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
 
         return ensure_reasoning_model(log=log)

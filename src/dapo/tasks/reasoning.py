@@ -13,6 +13,16 @@ borrow or cross 100, so that some groups are all-correct and some all-wrong:
   easy    adds or subtracts 1 or 2 (a carry or borrow about every fifth line at most)
   medium  adds or subtracts 3-9 within 10..99 (a carry or borrow every line or two)
   hard    adds or subtracts 3-9 across 100 (lines with three-digit values as well)
+  beyond  adds or subtracts 11-19 across 100 (two-digit operands: none in the warm start)
+
+Two tasks are built from these chains. ``reasoning`` (the ``reasoning`` preset) is mostly within
+reach: easy, medium and hard chains, nearly every group with spread. ``reasoning_sparse`` is the
+regime DAPO's dynamic sampling is for: its training pool is mostly ``beyond`` chains the warm
+start never solves (groups all wrong), the rest the three learnable tiers, whose easy chains RL
+soon solves (groups all right); few groups have spread (about 17% at the warm start), so a
+``strategy=verl`` step generates several rounds, and a sampler that predicts which prompts will
+not spread can skip them. Its held-out set is the ``reasoning``
+task's (the three learnable tiers): a chain beyond reach would only add a zero to the accuracy.
 
 Nothing here runs model output: rows are data, and the grader is the math_dapo regex.
 """
@@ -21,15 +31,19 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
 
 from dapo.tasks.arithmetic import to_row  # the same verl-schema rows (question, answer, tier)
 
-TIERS = ("easy", "medium", "hard")
+TIERS = ("easy", "medium", "hard", "beyond")
 TIER_WEIGHTS = {"easy": 0.25, "medium": 0.5, "hard": 0.25}
 MIN_STEPS, MAX_STEPS = 9, 12
+# reasoning_sparse's training pool: the share of each tier (about 15% of its groups have spread at
+# the warm start, so one strategy=verl round of 3x the batch rarely fills a step)
+SPARSE_TIER_WEIGHTS = {"easy": 0.04, "medium": 0.08, "hard": 0.04, "beyond": 0.84}
+SPARSE_TRAIN_SIZE = 384
 
 
 @dataclass(frozen=True)
@@ -83,26 +97,32 @@ def working(chain: Chain, values: list[int] | None = None) -> str:
 
 def make_chain(rng: random.Random, tier: str) -> Chain:
     """A chain of one repeated operation; ``tier`` sets the operand and the range of values."""
-    steps = rng.randint(MIN_STEPS, MAX_STEPS)
+    # beyond's three-digit lines are longer: at most 10 keep its working as short as the others'
+    steps = rng.randint(MIN_STEPS, MIN_STEPS + 1 if tier == "beyond" else MAX_STEPS)
+    low, high = {"easy": (1, 2), "beyond": (11, 19)}.get(tier, (3, 9))
     while True:
-        op, x = rng.choice("+-"), rng.randint(1, 2) if tier == "easy" else rng.randint(3, 9)
-        start = rng.randint(10, 99) if tier != "hard" or op == "+" else rng.randint(100, 199)
+        op, x = rng.choice("+-"), rng.randint(low, high)
+        start = rng.randint(10, 99) if tier in ("easy", "medium") or op == "+" else rng.randint(100, 199)
         chain = Chain(start, ((op, x),) * steps, tier)
         values = [start, *chain.values()]
-        if tier == "hard":
+        if tier in ("hard", "beyond"):
             if min(values) >= 10 and max(values) <= 199 and min(values) <= 99 < max(values):
                 return chain
         elif 10 <= min(values) and max(values) <= 99:
             return chain
 
 
-def make_chains(count: int, seed: int) -> list[Chain]:
-    """``count`` distinct chains, ``TIER_WEIGHTS`` of each tier, in a seeded shuffled order."""
+def make_chains(
+    count: int, seed: int, weights: dict[str, float] | None = None, exclude: Set[str] = frozenset()
+) -> list[Chain]:
+    """``count`` distinct chains, ``weights`` (default ``TIER_WEIGHTS``) of each tier, none whose
+    question is in ``exclude``, in a seeded shuffled order."""
+    weights = TIER_WEIGHTS if weights is None else weights
     rng = random.Random(seed)
     out: list[Chain] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     for tier in TIERS:
-        want = round(count * TIER_WEIGHTS[tier])
+        want = round(count * weights.get(tier, 0.0))
         while want:
             c = make_chain(rng, tier)
             if c.question not in seen:
@@ -124,18 +144,22 @@ def split_chains(train_size: int, test_size: int, seed: int) -> tuple[list[Chain
 TRAIN_SIZE, TEST_SIZE, SEED = 2000, 128, 0
 
 
-def write_reasoning_task(
-    out_dir: str | Path, train_size: int = TRAIN_SIZE, test_size: int = TEST_SIZE, seed: int = SEED
-) -> tuple[Path, Path]:
-    """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns their paths."""
+def write_chains(out_dir: str | Path, train: list[Chain], test: list[Chain]) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` of these chains under ``out_dir``."""
     from dapo.data.parquet import write_train_test
 
-    train, test = split_chains(train_size, test_size, seed)
     return write_train_test(
         out_dir,
         [to_row(c, "train", i) for i, c in enumerate(train)],
         [to_row(c, "test", i) for i, c in enumerate(test)],
     )
+
+
+def write_reasoning_task(
+    out_dir: str | Path, train_size: int = TRAIN_SIZE, test_size: int = TEST_SIZE, seed: int = SEED
+) -> tuple[Path, Path]:
+    """Write the ``reasoning`` task's ``train.parquet`` and ``test.parquet`` under ``out_dir``."""
+    return write_chains(out_dir, *split_chains(train_size, test_size, seed))
 
 
 def reasoning_task_fingerprint(
@@ -154,3 +178,30 @@ def ensure_reasoning_task(log: Callable[[str], None] = lambda line: None) -> tup
     from dapo.tasks.cache import ensure_task_files
 
     return ensure_task_files("reasoning", reasoning_task_fingerprint(), write_reasoning_task, log)
+
+
+def sparse_split() -> tuple[list[Chain], list[Chain]]:
+    """The ``reasoning_sparse`` task's train and test chains: the test chains are the
+    ``reasoning`` task's; no train chain is a test chain or one the warm start trained on."""
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    test = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1]
+    seen = frozenset(c.question for c in warm_start_chains(0) + test)
+    return make_chains(SPARSE_TRAIN_SIZE, SEED + 2, SPARSE_TIER_WEIGHTS, seen), test
+
+
+def sparse_task_fingerprint() -> str:
+    from dapo.tasks.tiny_reasoning_model import recipe_fingerprint
+
+    train, test = sparse_split()
+    text = repr((recipe_fingerprint(), [working(c) for c in train + test]))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def ensure_sparse_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The ``reasoning_sparse`` task's ``train.parquet`` and ``test.parquet`` in the dapo cache."""
+    from dapo.tasks.cache import ensure_task_files
+
+    return ensure_task_files(
+        "reasoning_sparse", sparse_task_fingerprint(), lambda d: write_chains(d, *sparse_split()), log
+    )
