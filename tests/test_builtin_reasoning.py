@@ -1,5 +1,6 @@
 """The built-in long-reasoning task: generator, working, grading, warm-start targets, preset."""
 
+import hashlib
 import json
 import random
 
@@ -80,10 +81,30 @@ def test_working_is_long_and_splits_are_disjoint(char_tokenizer):
     assert tiers.count("easy") == 100 and tiers.count("medium") == 200 and tiers.count("hard") == 100
 
 
-def test_the_reasoning_task_is_unchanged_by_the_sparse_one():
-    # the reasoning preset's data (and so its published results) stays the same generator output
+def _digest(chains):
+    return hashlib.sha256(repr([working(c) for c in chains]).encode()).hexdigest()[:16]
+
+
+def test_the_reasoning_task_and_warm_start_are_unchanged_by_the_sparse_one():
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    # the reasoning preset's data and the warm start's chains (and so the cached model and the
+    # published results) stay the same generator output, chain for chain
     assert reasoning_task_fingerprint() == "4c7649e5d5"
-    assert "beyond" not in {c.tier for c in make_chains(400, 1)}
+    train, test = split_chains(2000, 128, 0)
+    assert (_digest(train), _digest(test)) == ("d8ee6600eaed0224", "cbe1efb075d808d1")
+    assert _digest(warm_start_chains(0)) == "fc19c2ee9d6bc2ac"
+
+
+def test_make_chains_refuses_bad_weights_and_an_exhausted_tier():
+    with pytest.raises(ValueError, match="tier weights must be over easy, medium, hard, beyond"):
+        make_chains(10, 0, {"Beyond": 1.0})
+    with pytest.raises(ValueError, match="sum to 1"):
+        make_chains(10, 0, {"easy": 0.5, "medium": 0.5, "hard": 0.5})
+    taken = frozenset(c.question for c in make_chains(1500, 0, {"medium": 1.0}))
+    # medium has fewer than 1600 distinct chains: asking for 1000 more must stop, naming the tier
+    with pytest.raises(ValueError, match="^medium: .* lower the count or the tier's weight"):
+        make_chains(1000, 1, {"medium": 1.0}, taken)
 
 
 def test_sparse_task_is_mostly_beyond_reach_and_new_to_the_warm_start(char_tokenizer):
@@ -175,3 +196,14 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
     assert m["response_length/max"] <= 256
     data = next((tmp_path / "cache" / "data").iterdir())
     assert data.name.startswith(f"{task}-")
+    import pyarrow.parquet as pq
+
+    train = pq.read_table(data / "train.parquet").to_pylist()
+    tiers = [r["extra_info"]["tier"] for r in train]
+    counts = [tiers.count(t) for t in ("easy", "medium", "hard", "beyond")]
+    assert counts == ([15, 31, 15, 323] if task == "reasoning_sparse" else [504, 990, 506, 0])
+    chains = sparse_split()[0] if task == "reasoning_sparse" else split_chains(2000, 128, 0)[0]
+    assert [r["prompt"][0]["content"] for r in train] == [c.question for c in chains]
+    test = pq.read_table(data / "test.parquet").to_pylist()
+    # both tasks are scored on the same held-out chains
+    assert [r["prompt"][0]["content"] for r in test] == [c.question for c in split_chains(2000, 128, 0)[1]]

@@ -4,10 +4,11 @@ A problem is a start value and a chain of numbered operations, e.g.
 ``47 1)+8 2)+8 3)+8 4)+8 5)+8 6)+8 7)+8 8)+8 9)+8 =``. The expected response writes one line per
 operation: the operation as numbered in the question, then the running value before and after
 it (``3)+8: 63+8=71``), and ends with ``Answer: X`` (graded by math_dapo, like every built-in
-task). A chain has ``MIN_STEPS``-``MAX_STEPS`` operations, so the working alone is 128+ tokens
-of the character tokenizer. Every operation of a chain is the same one-digit addition or
-subtraction: the work is in the arithmetic, not in finding the next operation, which keeps it
-within reach of a tiny model. Difficulty varies per prompt with the number of lines that carry,
+task). A chain has ``MIN_STEPS``-``MAX_STEPS`` operations (``beyond``'s at most
+``MIN_STEPS + 1``), so the working alone is 128+ tokens of the character tokenizer. Every
+operation of a chain is the same addition or subtraction of one number (one digit but in
+``beyond``): the work is in the arithmetic, not in finding the next operation, which keeps the
+three first tiers within reach of a tiny model. Difficulty varies per prompt with the number of lines that carry,
 borrow or cross 100, so that some groups are all-correct and some all-wrong:
 
   easy    adds or subtracts 1 or 2 (a carry or borrow about every fifth line at most)
@@ -18,7 +19,7 @@ borrow or cross 100, so that some groups are all-correct and some all-wrong:
 Two tasks are built from these chains. ``reasoning`` (the ``reasoning`` preset) is mostly within
 reach: easy, medium and hard chains, nearly every group with spread. ``reasoning_sparse`` is the
 regime DAPO's dynamic sampling is for: its training pool is mostly ``beyond`` chains the warm
-start never solves (groups all wrong), the rest the three learnable tiers, whose easy chains RL
+start almost never solves (0.003 of its samples; groups all wrong), the rest the three learnable tiers, whose easy chains RL
 soon solves (groups all right); few groups have spread (about 17% at the warm start), so a
 ``strategy=verl`` step generates several rounds, and a sampler that predicts which prompts will
 not spread can skip them. Its held-out set is the ``reasoning``
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,12 @@ from dapo.tasks.arithmetic import to_row  # the same verl-schema rows (question,
 TIERS = ("easy", "medium", "hard", "beyond")
 TIER_WEIGHTS = {"easy": 0.25, "medium": 0.5, "hard": 0.25}
 MIN_STEPS, MAX_STEPS = 9, 12
-# reasoning_sparse's training pool: the share of each tier (about 15% of its groups have spread at
+# reasoning_sparse's training pool: the share of each tier (about 17% of its groups have spread at
 # the warm start, so one strategy=verl round of 3x the batch rarely fills a step)
 SPARSE_TIER_WEIGHTS = {"easy": 0.04, "medium": 0.08, "hard": 0.04, "beyond": 0.84}
 SPARSE_TRAIN_SIZE = 384
+# draws in a row that meet only chains already taken before make_chains gives up on a tier
+MAX_MISSES = 20_000
 
 
 @dataclass(frozen=True)
@@ -113,22 +116,31 @@ def make_chain(rng: random.Random, tier: str) -> Chain:
 
 
 def make_chains(
-    count: int, seed: int, weights: dict[str, float] | None = None, exclude: Set[str] = frozenset()
+    count: int, seed: int, weights: Mapping[str, float] | None = None, exclude: Set[str] = frozenset()
 ) -> list[Chain]:
     """``count`` distinct chains, ``weights`` (default ``TIER_WEIGHTS``) of each tier, none whose
-    question is in ``exclude``, in a seeded shuffled order."""
+    question is in ``exclude``, in a seeded shuffled order. Raises ``ValueError`` for weights
+    that are not over ``TIERS`` or do not sum to 1, and when a tier has too few distinct chains
+    left outside ``exclude``."""
     weights = TIER_WEIGHTS if weights is None else weights
+    if not set(weights) <= set(TIERS) or abs(sum(weights.values()) - 1) > 1e-9:
+        raise ValueError(f"tier weights must be over {', '.join(TIERS)} and sum to 1, got {dict(weights)}")
     rng = random.Random(seed)
     out: list[Chain] = []
     seen: set[str] = set(exclude)
     for tier in TIERS:
-        want = round(count * weights.get(tier, 0.0))
+        want, misses = round(count * weights.get(tier, 0.0)), 0
         while want:
             c = make_chain(rng, tier)
             if c.question not in seen:
                 seen.add(c.question)
                 out.append(c)
-                want -= 1
+                want, misses = want - 1, 0
+            elif (misses := misses + 1) > MAX_MISSES:
+                raise ValueError(
+                    f"{tier}: {want} more distinct chains wanted, but {MAX_MISSES} draws in a row met "
+                    "only chains already taken or excluded; lower the count or the tier's weight"
+                )
     rng.shuffle(out)
     return out
 
@@ -191,6 +203,7 @@ def sparse_split() -> tuple[list[Chain], list[Chain]]:
 
 
 def sparse_task_fingerprint() -> str:
+    """A short hash of the ``reasoning_sparse`` chains and the warm start's recipe they exclude."""
     from dapo.tasks.tiny_reasoning_model import recipe_fingerprint
 
     train, test = sparse_split()
