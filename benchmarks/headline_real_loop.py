@@ -12,7 +12,9 @@ and reports:
   get there;
 * held-out accuracy of both at equal steps (at verl mode's last step, smoothed);
 * generated response tokens per trained response token;
-* the mean time of a step split by phase (generation, reward, old log-probs, update, other).
+* the mean time of a step split by phase (generation, reward, old log-probs, update, other);
+  these two and generation's share are over verl mode's steps for both (ours' longer run is in
+  ``headline.json`` as ``*_all_steps``).
 
 Training time is the sum of ``timing_s/step`` (validation excluded: the same work for both).
 Writes ``headline.json`` and ``headline_acc_vs_time.png`` (held-out accuracy against training
@@ -43,22 +45,14 @@ STRATEGIES = {
 def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list[str]) -> dict:
     rows = train_reasoning(out / f"{name}-seed{seed}", seed, steps, test_freq, STRATEGIES[name], extra)
     curve, elapsed, elapsed_at = [], 0.0, {}
-    phase = dict.fromkeys(PHASES, 0.0)
-    gen_tok = train_tok = 0.0
     nsteps = 0
     for r in rows:
         if "timing_s/step" in r:
             nsteps += 1
             elapsed += r["timing_s/step"]
             elapsed_at[int(r["step"])] = elapsed
-            for p in PHASES:
-                phase[p] += r.get(f"timing_s/{p}", 0.0)
-        gen_tok += r.get("dynamic_sampling/generated_response_tokens", 0.0)
-        train_tok += r.get("dynamic_sampling/trained_response_tokens", 0.0)
         if "val/acc" in r:
             curve.append((r.get("step", 0), elapsed, r["val/acc"]))
-    per_step = {p: phase[p] / max(1, nsteps) for p in PHASES}
-    per_step["other"] = elapsed / max(1, nsteps) - sum(per_step.values())
     return {
         "name": name,
         "seed": seed,
@@ -66,9 +60,25 @@ def run(name: str, seed: int, steps: int, test_freq: int, out: Path, extra: list
         "train_s_at_step": elapsed_at,
         "steps": nsteps,
         "curve": curve,
+        "rows": rows,
+        **cost(rows, nsteps),
+    }
+
+
+def cost(rows: list[dict], upto: int) -> dict:
+    """Generated response tokens per trained one, the mean step time by phase and generation's
+    share of the step time, over steps 1..``upto``."""
+    steps = [r for r in rows if "timing_s/step" in r and r["step"] <= upto]
+    total = sum(r["timing_s/step"] for r in steps)
+    phase = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in steps) for p in PHASES}
+    per_step = {p: phase[p] / max(1, len(steps)) for p in PHASES}
+    per_step["other"] = total / max(1, len(steps)) - sum(per_step.values())
+    gen_tok = sum(r.get("dynamic_sampling/generated_response_tokens", 0.0) for r in steps)
+    train_tok = sum(r.get("dynamic_sampling/trained_response_tokens", 0.0) for r in steps)
+    return {
         "gen_tokens_per_train_token": gen_tok / max(1.0, train_tok),
         "step_s_by_phase": per_step,
-        "gen_share": phase["gen"] / max(1e-9, elapsed),
+        "gen_share": phase["gen"] / max(1e-9, total),
     }
 
 
@@ -85,6 +95,7 @@ def compare(v: dict, o: dict, k: int) -> dict:
     """Ours against verl mode: the time ours takes to reach verl mode's final (smoothed) accuracy,
     which may need more steps than verl mode ran, and both at verl mode's last step."""
     sv, so = smoothed(v["curve"], k), smoothed(o["curve"], k)
+    o_equal = cost(o["rows"], v["steps"])  # ours over verl mode's steps: like for like
     target = sv[-1][2]
     t_o = next((t for _, t, a in so if a >= target - 1e-9), None)
     at_verl_end = [a for step, _, a in so if step <= v["steps"]][-1]
@@ -100,10 +111,12 @@ def compare(v: dict, o: dict, k: int) -> dict:
         "time_ratio": t_o / v["train_s"] if t_o is not None else None,
         "same_step_ratio": o["train_s_at_step"][v["steps"]] / v["train_s"],
         "verl_gen_tokens_per_train_token": v["gen_tokens_per_train_token"],
-        "ours_gen_tokens_per_train_token": o["gen_tokens_per_train_token"],
+        "ours_gen_tokens_per_train_token": o_equal["gen_tokens_per_train_token"],
+        "ours_gen_tokens_per_train_token_all_steps": o["gen_tokens_per_train_token"],
         "verl_gen_share": v["gen_share"],
         "verl_step_s": v["step_s_by_phase"],
-        "ours_step_s": o["step_s_by_phase"],
+        "ours_step_s": o_equal["step_s_by_phase"],
+        "ours_step_s_all_steps": o["step_s_by_phase"],
         "verl_curve": v["curve"],
         "ours_curve": o["curve"],
     }
