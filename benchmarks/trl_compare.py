@@ -10,6 +10,9 @@ arm runs (``PRESETS``):
 * ``reasoning``: ``dapo.tasks.reasoning`` (chained operations with written working of 136-205
   tokens) and ``dapo.tasks.tiny_reasoning_model``, the ``reasoning`` preset: 8 prompts x 8
   responses in one micro-batch, 256 response tokens, a 40-token overlong buffer, the preset's lr.
+* ``reasoning_sparse``: the same chains, model, preset and held-out set, trained on the
+  ``reasoning_sparse`` pool (``data.builtin_task=reasoning_sparse``), where most chains are
+  beyond the model and about 17% of groups have spread at the start.
 
 The recipe is read from the preset through dapo's own config loading (``load_recipe``), so the
 TRL arm follows the preset when it changes; the script stops with one line naming the key if the
@@ -70,10 +73,10 @@ if TYPE_CHECKING:
 
 ARMS = ("trl", "dapo", "dapo-verl", "dapo-nofilter")
 # the built-in task -> the preset whose recipe every arm runs (src/dapo/config/presets/)
-PRESETS = {"arithmetic": "default", "reasoning": "reasoning"}
+PRESETS = {"arithmetic": "default", "reasoning": "reasoning", "reasoning_sparse": "reasoning"}
 # held-out sampled accuracy for the time-to-target columns (base models: ~0.18 and ~0.43; the
 # reasoning preset's runs pass 0.6 at about step 20 of 40)
-TARGETS = {"arithmetic": 0.55, "reasoning": 0.6}
+TARGETS = {"arithmetic": 0.55, "reasoning": 0.6, "reasoning_sparse": 0.55}
 VAL_SAMPLES = 4
 # a line of the reasoning task's working: a tokenizer that drops its spaces or newline cannot run it
 ROUNDTRIP_TEXT = "1)+8: 47+8=55\n"
@@ -112,7 +115,7 @@ def load_recipe(task: str) -> Recipe:
     from dapo.config.resolve import resolve
 
     preset = PRESETS[task]
-    cfg = resolve(load_config([], preset=preset))
+    cfg = resolve(load_config([f"data.builtin_task={task}"], preset=preset))
     arr, alg = cfg.actor_rollout_ref, cfg.algorithm
     actor, rollout, optim, overlong = (
         arr.actor,
@@ -320,6 +323,7 @@ def run_dapo(arm: str, recipe: Recipe, seed: int, steps: int, eval_every: int, r
         "train",
         "--config-name",
         recipe.preset,
+        f"data.builtin_task={recipe.task}",
         f"trainer.seed={seed}",
         f"data.seed={seed}",
         f"trainer.total_training_steps={steps}",
@@ -559,6 +563,7 @@ def plot(results: list[dict], arms: list[str], base: dict[str, float], recipe: R
     for ax, label in zip(axes, ("training step", "training time (s)", "generated response tokens")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    axes[2].ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))  # token counts overlap in full
     axes[0].set_ylabel(f"held-out accuracy (mean of {VAL_SAMPLES} samples, T={recipe.temperature:g})")
     fig.suptitle(f"{recipe.task} task, preset {recipe.preset}")
     axes[0].legend()
