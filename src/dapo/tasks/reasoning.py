@@ -19,11 +19,12 @@ borrow or cross 100, so that some groups are all-correct and some all-wrong:
 Two tasks are built from these chains. ``reasoning`` (the ``reasoning`` preset) is mostly within
 reach: easy, medium and hard chains, nearly every group with spread. ``reasoning_sparse`` is the
 regime DAPO's dynamic sampling is for: its training pool is mostly ``beyond`` chains the warm
-start almost never solves (0.003 of its samples; groups all wrong), the rest the three learnable tiers, whose easy chains RL
-soon solves (groups all right); few groups have spread (about 17% at the warm start), so a
-``strategy=verl`` step generates several rounds, and a sampler that predicts which prompts will
-not spread can skip them. Its held-out set is the ``reasoning``
-task's (the three learnable tiers): a chain beyond reach would only add a zero to the accuracy.
+start almost never solves (0.003 of its samples; groups all wrong), the rest the three
+learnable tiers, whose easy chains RL soon solves (groups all right); few groups have spread
+(about 17% at the warm start), so a ``strategy=verl`` step generates several rounds, and a
+sampler that predicts which prompts will not spread can skip them. Its held-out set is the
+``reasoning`` task's (the three learnable tiers): a chain beyond reach would only add a zero to
+the accuracy.
 
 Nothing here runs model output: rows are data, and the grader is the math_dapo regex.
 """
