@@ -203,11 +203,10 @@ def sparse_split() -> tuple[list[Chain], list[Chain]]:
     return make_chains(SPARSE_TRAIN_SIZE, SEED + 2, SPARSE_TIER_WEIGHTS, seen), test
 
 
-def sparse_task_fingerprint() -> str:
+def sparse_task_fingerprint(train: list[Chain], test: list[Chain]) -> str:
     """A short hash of the ``reasoning_sparse`` chains and the warm start's recipe they exclude."""
     from dapo.tasks.tiny_reasoning_model import recipe_fingerprint
 
-    train, test = sparse_split()
     text = repr((recipe_fingerprint(), [working(c) for c in train + test]))
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -216,6 +215,7 @@ def ensure_sparse_task(log: Callable[[str], None] = lambda line: None) -> tuple[
     """The ``reasoning_sparse`` task's ``train.parquet`` and ``test.parquet`` in the dapo cache."""
     from dapo.tasks.cache import ensure_task_files
 
+    train, test = sparse_split()  # once: it names the cache folder and fills it
     return ensure_task_files(
-        "reasoning_sparse", sparse_task_fingerprint(), lambda d: write_chains(d, *sparse_split()), log
+        "reasoning_sparse", sparse_task_fingerprint(train, test), lambda d: write_chains(d, train, test), log
     )
