@@ -372,7 +372,7 @@ def dapo_rows(run_dir: Path, recipe: Recipe) -> list[dict]:
 
 
 def dapo_checkpoints(run_dir: Path) -> dict[int, Path]:
-    from dapo.checkpoint import HF_SUBDIR
+    from dapo.checkpoint.store import HF_SUBDIR
 
     out = {}
     for d in run_dir.glob("global_step_*"):

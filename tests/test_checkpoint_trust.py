@@ -14,8 +14,9 @@ import uuid
 import pytest
 import torch
 
-from dapo import checkpoint_space
-from dapo.checkpoint import (
+from dapo.checkpoint import space as checkpoint_space
+from dapo.checkpoint.manifest import file_sha256
+from dapo.checkpoint.store import (
     LATEST_FILE,
     MANIFEST,
     CheckpointError,
@@ -26,7 +27,6 @@ from dapo.checkpoint import (
     save_checkpoint,
     save_model_dir,
 )
-from dapo.checkpoint_manifest import file_sha256
 
 torch.set_num_threads(1)
 

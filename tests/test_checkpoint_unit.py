@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dapo.checkpoint import (
+from dapo.checkpoint.store import (
     LATEST_FILE,
     MANIFEST,
     CheckpointError,

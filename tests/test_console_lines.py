@@ -8,9 +8,9 @@ import logging
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dapo.progress import logging_through, round_info
+from dapo.outputs.progress import logging_through, round_info
+from dapo.outputs.tracking import ConsoleTracker, _field_lines, step_fields, validation_fields
 from dapo.sampling.batcher import _generated_acc
-from dapo.tracking import ConsoleTracker, _field_lines, step_fields, validation_fields
 
 STEP = {
     "train/num_gen_batches": 2.0,
@@ -117,7 +117,7 @@ def test_log_records_print_through_the_console_while_the_bar_is_live(capsys):
 def test_third_party_bars_are_off_unless_asked_for(monkeypatch):
     from transformers.utils import logging as hf_logging
 
-    from dapo.progress import THIRD_PARTY_BARS_ENV, quiet_third_party_bars
+    from dapo.outputs.progress import THIRD_PARTY_BARS_ENV, quiet_third_party_bars
 
     try:
         hf_logging.enable_progress_bar()

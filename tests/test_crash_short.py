@@ -34,7 +34,7 @@ STEPS = 4
 # `dapo train` that SIGKILLs itself as it is about to log the metrics row of step argv[1]
 KILL_BEFORE_ROW = """
 import os, signal, sys
-import dapo.tracking as tracking
+import dapo.outputs.tracking as tracking
 step_to_die, log = int(sys.argv.pop(1)), tracking.JsonlTracker.log
 def log_or_die(self, metrics, step):
     if step == step_to_die:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dapo.batch import Batch
-from dapo.dumps import dump_batch, dump_generations
+from dapo.outputs.dumps import dump_batch, dump_generations
 
 torch.set_num_threads(1)
 
@@ -93,7 +93,7 @@ def test_dump_batch_rows_stay_aligned_after_filtering(tmp_path, char_tokenizer):
 
 
 def test_graceful_stop_sets_flag_then_second_ctrl_c_raises():
-    from dapo.signals import GracefulStop
+    from dapo.trainer.signals import GracefulStop
 
     before_int = signal.getsignal(signal.SIGINT)
     before_term = signal.getsignal(signal.SIGTERM)
@@ -114,7 +114,7 @@ def test_graceful_stop_sets_flag_then_second_ctrl_c_raises():
 
 
 def test_profile_step_writes_chrome_trace_only_for_chosen_steps(tmp_path):
-    from dapo.profiling import profile_step
+    from dapo.outputs.profiling import profile_step
 
     for step in (1, 2):
         with profile_step(step, [2], tmp_path) as trace:
@@ -126,7 +126,7 @@ def test_profile_step_writes_chrome_trace_only_for_chosen_steps(tmp_path):
 
 
 def test_flops_per_token_hand_computed():
-    from dapo.profiling import batch_flops, estimate_mfu, flops_per_token, peak_memory_gb
+    from dapo.outputs.profiling import batch_flops, estimate_mfu, flops_per_token, peak_memory_gb
 
     cfg = {
         "hidden_size": 8,
@@ -151,7 +151,7 @@ def test_flops_per_token_hand_computed():
 def test_flops_from_a_real_hf_config(tiny_random_model_dir):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dapo.profiling import matmul_params
+    from dapo.outputs.profiling import matmul_params
 
     cfg = AutoConfig.from_pretrained(tiny_random_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dapo.checkpoint import find_resume_checkpoint
+from dapo.checkpoint.store import find_resume_checkpoint
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo.config.load import load_config
-from dapo.trainer import Trainer
+from dapo.trainer.loop import Trainer
 
 torch.set_num_threads(1)
 

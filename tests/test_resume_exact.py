@@ -105,7 +105,7 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
         log.close()
     assert (_latest(resumed) or 0) >= KILL_AFTER, (
         "the trainer never wrote latest_checkpointed_iteration.txt >= 3 with trainer.save_freq=1 "
-        "(is dapo.checkpoint.save_checkpoint wired into Trainer.fit?)\n"
+        "(is dapo.checkpoint.store.save_checkpoint wired into Trainer.fit?)\n"
         + (tmp_path / "killed.log").read_text()[-3000:]
     )
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
@@ -132,7 +132,7 @@ def test_sigkill_and_resume_matches_straight_run(tmp_path, tiny_random_model_dir
 
 @pytest.mark.slow
 def test_cut_off_checkpoint_is_never_taken_as_latest(tmp_path, tiny_random_model_dir, mod3_task, capsys):
-    from dapo.checkpoint import MANIFEST, find_resume_checkpoint, is_complete
+    from dapo.checkpoint.store import MANIFEST, find_resume_checkpoint, is_complete
 
     run = tmp_path / "run"
     assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.total_training_steps=2")) == 0

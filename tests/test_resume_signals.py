@@ -153,7 +153,7 @@ def test_a_console_whose_reader_is_gone_swallows_writes_and_asks_for_a_stop(kind
 
     from rich.console import Console
 
-    from dapo.signals import CLOSED_CONSOLE, GracefulStop, GuardedStream
+    from dapo.trainer.signals import CLOSED_CONSOLE, GracefulStop, GuardedStream
 
     if kind == "pipe":
         reader, writer = os.pipe()

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dapo.cli import main
+from dapo.outputs.records import read_groups
 from dapo.rollout.hf import SamplingParams
 from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings
-from dapo.run_records import read_groups
 from runs import live_rows, metrics_by_step, small_run_args
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")

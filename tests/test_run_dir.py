@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dapo.cli import main
-from dapo.rundir import RunDirError, RunLock, config_differences, keep_rows_through
+from dapo.outputs.rundir import RunDirError, RunLock, config_differences, keep_rows_through
 from runs import assert_each_step_once, metrics_by_step, small_run_args, subprocess_env
 
 torch.set_num_threads(1)
@@ -81,7 +81,7 @@ def test_a_second_lock_on_a_run_dir_is_refused_with_the_holders_pid_and_freed_wh
             RunLock(tmp_path).acquire()
     # a holder killed with SIGKILL: the kernel drops its lock, no stale lock file blocks the next run
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from dapo.rundir import RunLock; RunLock({str(tmp_path)!r}).acquire(); "
+        [sys.executable, "-c", f"from dapo.outputs.rundir import RunLock; RunLock({str(tmp_path)!r}).acquire(); "
          "print('held', flush=True); import time; time.sleep(60)"],
         stdout=subprocess.PIPE, env=subprocess_env(), text=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The batcher's per-group records and groups.jsonl (dapo.run_records)."""
+"""The batcher's per-group records and groups.jsonl (dapo.outputs.records)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dapo.config.sampling import FilterGroupsConfig
-from dapo.run_records import GroupRecorder, read_groups, read_metrics, summarize_step
+from dapo.outputs.records import GroupRecorder, read_groups, read_metrics, summarize_step
 from dapo.sampling import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource, prompt_rows, scripted
 

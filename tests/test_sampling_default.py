@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from dapo import checkpoint
+from dapo.checkpoint import store as checkpoint
 from dapo.config.sampling import AdaptiveThresholdConfig, FilterGroupsConfig, SkipConfig
 from dapo.sampling import DynamicBatcher, GenerationBudgetExhausted
 from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows, scripted

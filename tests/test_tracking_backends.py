@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dapo.tracking import (
+from dapo.outputs.tracking import (
     LEGEND,
     ConsoleTracker,
     JsonlTracker,

@@ -99,8 +99,8 @@ def _console():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dapo import rundir
-    from dapo.progress import logging_through
+    from dapo.outputs import rundir
+    from dapo.outputs.progress import logging_through
 
     console = _console()
     _, cfg = _load(args)
@@ -137,9 +137,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
-    from dapo import rundir
-    from dapo.checkpoint import list_checkpoints
-    from dapo.trainer import Trainer
+    from dapo.checkpoint.store import list_checkpoints
+    from dapo.outputs import rundir
+    from dapo.trainer.loop import Trainer
 
     tr = cfg.trainer
     if not tr.val_only:
@@ -155,11 +155,11 @@ def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Validation alone on a model directory (or a checkpoint's model), printing val-core metrics."""
-    from dapo.trainer import Trainer
+    from dapo.trainer.loop import Trainer
 
     overrides = list(args.overrides)
     if args.model:
-        from dapo.checkpoint import MANIFEST, checkpoint_step, hf_model_dir, verify_checkpoint
+        from dapo.checkpoint.store import MANIFEST, checkpoint_step, hf_model_dir, verify_checkpoint
 
         # a checkpoint (a manifest, or named global_step_N: without one it was cut off): check it is whole
         if (Path(args.model) / MANIFEST).exists() or checkpoint_step(args.model) is not None:
@@ -260,7 +260,7 @@ def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dapo.signals import guarded_console
+    from dapo.trainer.signals import guarded_console
 
     # a closed pipe or terminal on stdout/stderr never kills a command (dapo train then saves and stops)
     with guarded_console():
@@ -270,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import logging
 
-    from dapo.checkpoint import CheckpointError
+    from dapo.checkpoint.store import CheckpointError
     from dapo.errors import TrainingError
+    from dapo.outputs.rundir import RunDirError
+    from dapo.outputs.tracking import TrackerUnavailable
     from dapo.rollout.vllm_rollout import WeightSyncError
-    from dapo.rundir import RunDirError
-    from dapo.tracking import TrackerUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()

@@ -360,7 +360,7 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, path: str) -> None:
     """Load a DCP directory written at any world size into ``model`` (FSDP-sharded at this world
     size, or a plain module in a single process without torch.distributed). The directory is read
-    by ``dapo.checkpoint_dcp``, which unpickles nothing but DCP's metadata types and plain data."""
+    by ``dapo.checkpoint.dcp``, which unpickles nothing but DCP's metadata types and plain data."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -368,7 +368,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         set_state_dict,
     )
 
-    from dapo import checkpoint_dcp
+    from dapo.checkpoint import dcp as checkpoint_dcp
 
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}

@@ -24,7 +24,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
-from dapo.run_records import FATES
+from dapo.outputs.records import FATES
 from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
 from dapo.sampling.stream import GroupStream, stream_refill

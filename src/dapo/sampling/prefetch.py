@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dapo.profiling import Timer
+from dapo.outputs.profiling import Timer
 from dapo.sampling.batcher import SampledStep, batch_from_state, batch_to_state
 
 

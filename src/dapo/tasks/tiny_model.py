@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from transformers import Qwen2ForCausalLM
 
+from dapo.actor.optim import sft_optimizer, sft_step
 from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
-from dapo.optim import sft_optimizer, sft_step
 from dapo.tasks.arithmetic import TIER_WEIGHTS, Problem, split_problems
 from dapo.tasks.cache import ensure_model
 

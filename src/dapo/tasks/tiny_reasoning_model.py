@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM
 
+from dapo.actor.optim import sft_optimizer, sft_step
 from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
-from dapo.optim import sft_optimizer, sft_step
 from dapo.tasks.cache import ensure_model
 from dapo.tasks.reasoning import (
     SEED,

@@ -195,9 +195,9 @@ def build_tiny_tool_model(
 ) -> dict:
     from transformers import Qwen2ForCausalLM
 
+    from dapo.actor.optim import sft_optimizer, sft_step
     from dapo.model.loader import load_tokenizer
     from dapo.model.tiny import tiny_config
-    from dapo.optim import sft_optimizer, sft_step
     from dapo.tasks.arithmetic import split_problems
     from dapo.tasks.arithmetic_tools import tool_problems
 

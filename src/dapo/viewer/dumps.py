@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from dapo.run_records import VIEWER_FILE
+from dapo.outputs.records import VIEWER_FILE
 
 SCORE_KEYS = ("score", "score_1")
 

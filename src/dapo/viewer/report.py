@@ -1,7 +1,7 @@
 """``dapo report RUN_DIR``: one self-contained HTML page (figures embedded as base64 PNG) showing
 how dynamic sampling behaved, plus each figure as a PNG file beside the page.
 
-Reads ``metrics.jsonl`` (verl metric names), ``groups.jsonl`` (``dapo.run_records``),
+Reads ``metrics.jsonl`` (verl metric names), ``groups.jsonl`` (``dapo.outputs.records``),
 ``viewer.json`` and ``summary.json`` when present; every figure whose data is missing is listed
 in the page with the reason instead of being drawn empty.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dapo.run_records import FATES, VIEWER_FILE, read_groups, read_metrics
+from dapo.outputs.records import FATES, VIEWER_FILE, read_groups, read_metrics
 
 DS = "dynamic_sampling/"
 FATE_STYLE = {  # label, colour

@@ -18,7 +18,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import FilterGroupsConfig
-from dapo.run_records import GroupRecorder
+from dapo.outputs.records import GroupRecorder
 from dapo.sampling import DynamicBatcher
 from dapo.sampling.fakes import FakeRollout, ListSource
 

@@ -1,4 +1,4 @@
-"""Saving and resuming a trainer: the checkpoint (:mod:`dapo.checkpoint`) plus everything the
+"""Saving and resuming a trainer: the checkpoint (:mod:`dapo.checkpoint.store`) plus everything the
 loop needs to continue exactly (prompt sampler and batcher positions, KL coefficient,
 non-finite step count, the sampler's generators and a prefetched batch)."""
 
@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo.checkpoint import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
-from dapo.checkpoint_manifest import STATE_FILE, error_summary
-from dapo.rundir import RunDirError, check_resume_config, config_snapshot, has_row, reconcile_rows
-from dapo.tracking import replay
+from dapo.checkpoint.manifest import STATE_FILE, error_summary
+from dapo.checkpoint.store import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
+from dapo.outputs.rundir import RunDirError, check_resume_config, config_snapshot, has_row, reconcile_rows
+from dapo.outputs.tracking import replay
 
 if TYPE_CHECKING:
-    from dapo.trainer import Trainer
+    from dapo.trainer.loop import Trainer
 
 
 def trainer_state(t: Trainer) -> dict[str, Any]:

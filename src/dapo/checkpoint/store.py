@@ -16,11 +16,11 @@ A checkpoint is written into a hidden temporary directory next to its final plac
 renamed onto ``global_step_<N>`` in one ``os.rename``; ``latest_checkpointed_iteration.txt``
 (verl's name, holding ``N``) is then replaced atomically. A directory without a manifest was cut
 off and is never resumed from. Resume verifies the whole checkpoint against its manifest
-(:mod:`dapo.checkpoint_manifest`) and never unpickles anything but plain data: ``.pt`` files go
+(:mod:`dapo.checkpoint.manifest`) and never unpickles anything but plain data: ``.pt`` files go
 through ``torch.load(weights_only=True)``, DCP metadata through a restricted unpickler
-(:mod:`dapo.checkpoint_dcp`). In ``trainer.resume_mode=auto`` a damaged checkpoint is skipped,
+(:mod:`dapo.checkpoint.dcp`). In ``trainer.resume_mode=auto`` a damaged checkpoint is skipped,
 with a warning naming the file, for the newest earlier one that is whole. Before writing, the
-free space is checked against an estimate (:mod:`dapo.checkpoint_space`).
+free space is checked against an estimate (:mod:`dapo.checkpoint.space`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo import checkpoint_space
-from dapo.checkpoint_manifest import (
+from dapo.checkpoint import space as checkpoint_space
+from dapo.checkpoint.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     CheckpointError,
@@ -51,7 +51,7 @@ from dapo.checkpoint_manifest import (
     verify,
     write_manifest,
 )
-from dapo.checkpoint_space import DiskFullError
+from dapo.checkpoint.space import DiskFullError
 
 __all__ = [
     "CKPT_PREFIX",
@@ -479,7 +479,7 @@ def find_resume_checkpoint(
 
 
 def verify_checkpoint(path: str | os.PathLike, warn: Warn = _warn) -> Manifest:
-    """Check ``path`` against its manifest (:func:`dapo.checkpoint_manifest.verify`) and its DCP
+    """Check ``path`` against its manifest (:func:`dapo.checkpoint.manifest.verify`) and its DCP
     metadata, if any, with the restricted reader; CheckpointError naming the file that fails.
     A checkpoint of the earlier manifest format (sizes, no hashes) passes with a warning."""
     path = Path(path)
@@ -491,7 +491,7 @@ def verify_checkpoint(path: str | os.PathLike, warn: Warn = _warn) -> Manifest:
         )
     dcp_dir = path / DCP_SUBDIR
     if dcp_dir.exists():
-        from dapo.checkpoint_dcp import read_metadata
+        from dapo.checkpoint.dcp import read_metadata
 
         read_metadata(dcp_dir / ".metadata")
     return m

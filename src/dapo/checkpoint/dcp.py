@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dapo.checkpoint_manifest import CheckpointError, error_summary
+from dapo.checkpoint.manifest import CheckpointError, error_summary
 
 _METADATA_CLASSES = (
     "Metadata",

@@ -20,33 +20,33 @@ from rich.console import Console
 
 from dapo.actor.dp_actor import Actor, actor_settings_from_config
 from dapo.actor.old_log_prob import compute_old_and_ref
+from dapo.actor.optim import build_optimizer
 from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.algo.kl import get_kl_controller
 from dapo.batch import Batch
-from dapo.checkpoint import save_model_dir
+from dapo.checkpoint.store import save_model_dir
 from dapo.config.load import ConfigError, to_yaml
 from dapo.config.resolve import resolve, typed
 from dapo.config.validate import validate
 from dapo.data.dataset import build_prompt_data
 from dapo.distributed.builder import build_actor, dp_world_size
-from dapo.dumps import dump_batch, turn_keys
 from dapo.errors import check_nonfinite
-from dapo.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.model.loader import build_policy
-from dapo.optim import build_optimizer
-from dapo.profiling import Timer, actor_perf_metrics, device_peak_flops, profile_step
-from dapo.progress import StepProgress, quiet_third_party_bars
+from dapo.outputs.dumps import dump_batch, turn_keys
+from dapo.outputs.profiling import Timer, actor_perf_metrics, device_peak_flops, profile_step
+from dapo.outputs.progress import StepProgress, quiet_third_party_bars
+from dapo.outputs.records import GroupRecorder
+from dapo.outputs.tracking import build_trackers, write_summary
 from dapo.reward.factory import build_reward_manager
 from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
-from dapo.run_records import GroupRecorder
 from dapo.sampling.batcher import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
-from dapo.signals import GracefulStop
-from dapo.tracking import build_trackers, write_summary
-from dapo.trainer_state import resume_trainer, save_trainer
-from dapo.validation import final_validation_note, validation_metrics
+from dapo.trainer.metrics import compute_data_metrics, compute_timing_metrics
+from dapo.trainer.signals import GracefulStop
+from dapo.trainer.state import resume_trainer, save_trainer
+from dapo.trainer.validation import final_validation_note, validation_metrics
 from dapo.viewer.report import refresh_report
 
 

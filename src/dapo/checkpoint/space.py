@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dapo.checkpoint_manifest import CheckpointError
+from dapo.checkpoint.manifest import CheckpointError
 
 # JSON, tokenizer files and per-file container overhead on top of the raw tensor bytes
 _FIXED_OVERHEAD = 1 << 20

@@ -1,7 +1,7 @@
 """Trackers: where per-step metrics go (``trainer.logger``, a list).
 
 * ``console``: a legend once, then a line per step and readable validation lines (the live
-  progress bar is :mod:`dapo.progress`).
+  progress bar is :mod:`dapo.outputs.progress`).
 * ``jsonl``: ``<run_dir>/metrics.jsonl``, one object per step.
 * ``tensorboard``: event files under ``<run_dir>/tensorboard`` (extra ``dapo[tensorboard]``).
 * ``wandb``: offline unless ``WANDB_MODE`` says otherwise, files under ``<run_dir>/wandb``
@@ -66,7 +66,7 @@ class JsonlTracker:
     """``metrics.jsonl`` in the run directory: one object per step with ``step`` and every metric.
 
     The file is opened at the first row (a resume first drops the rows logged after its
-    checkpoint, see :mod:`dapo.rundir`), and each row is on disk (fsynced) when ``log`` returns.
+    checkpoint, see :mod:`dapo.outputs.rundir`), and each row is on disk (fsynced) when ``log`` returns.
     """
 
     def __init__(self, run_dir: Path, filename: str = "metrics.jsonl"):

@@ -1,0 +1,1 @@
+"""Checkpoints: saving, verified loading, resume state."""

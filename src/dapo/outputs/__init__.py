@@ -1,0 +1,1 @@
+"""What a run writes: the run directory, trackers, dumps, group records, progress, profiling."""
