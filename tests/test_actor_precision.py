@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dapo.actor.forward import packed_response_logprobs, response_logprobs
-from dapo.actor.precision import cpu_supports_bf16, resolve_model_dtype
+from dapo.model.precision import cpu_supports_bf16, resolve_model_dtype
 from dapo.rollout.hf import HFRollout, SamplingParams
 from test_actor_microbatch import _batch
 

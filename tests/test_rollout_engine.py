@@ -7,8 +7,8 @@ import torch
 from transformers import Qwen2ForCausalLM
 
 from dapo.actor.forward import response_logprobs
+from dapo.model.decoder_fn import supports
 from dapo.model.tiny import tiny_config
-from dapo.rollout.decoder_fn import supports
 from dapo.rollout.hf import HFRollout, SamplingParams, left_pad
 from dapo.rollout.sampling_ops import filter_logits
 

@@ -72,7 +72,7 @@ def packed_response_logprobs(
     as one packed sequence, positions restarting per row and attention confined to each row, and
     the head runs only on the positions that predict response tokens. Same values as the padded
     computation (float tolerance). Models the lean decoder does not cover use the padded path."""
-    from dapo.rollout.decoder_fn import DecoderFn, supports
+    from dapo.model.decoder_fn import DecoderFn, supports
 
     if not supports(model) or _dropout_active(model):
         return response_logprobs(

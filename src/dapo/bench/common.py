@@ -16,21 +16,6 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
-    """Best FLOP/s of a square matmul in this process (same threads, same dtype as the model)."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)
-    best = 0.0
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        torch.mm(a, b)
-        dt = time.perf_counter() - t
-        best = max(best, 2 * size**3 / dt)
-    return best
-
-
 def interleaved(
     ours: Callable[[], float],
     baseline: Callable[[], float],

@@ -32,10 +32,10 @@ from dapo.bench.common import (
     forward_flops_per_token,
     interleaved,
     load_default,
-    matmul_peak_flops,
     param_count,
     set_threads,
 )
+from dapo.outputs.profiling import matmul_peak_flops
 from dapo.rollout.hf import HFRollout, SamplingParams, left_pad
 
 MODELS = ("tiny", "qwen2-100m", "smollm2")

@@ -26,11 +26,11 @@ from dapo.bench.common import (
     forward_flops_per_token,
     interleaved,
     load_default,
-    matmul_peak_flops,
     padded_rl_batch,
     param_count,
     set_threads,
 )
+from dapo.outputs.profiling import matmul_peak_flops
 
 VARIANTS = ("packed+dyn", "packed", "dyn")
 # rows, max prompt, max response, fixed micro-batch rows

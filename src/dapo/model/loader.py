@@ -74,7 +74,7 @@ def build_policy(
 ) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, torch.device]:
     """The policy of ``actor_rollout_ref.model`` (the built-in tiny model when no path is set),
     its tokenizer and its device: ``(path, tokenizer, model, device)``, the model in train mode."""
-    from dapo.actor.precision import resolve_model_dtype
+    from dapo.model.precision import resolve_model_dtype
     from dapo.tasks import builtin_model, builtin_task_name
 
     m = cfg.actor_rollout_ref.model

@@ -188,13 +188,26 @@ def peak_memory_gb(device: torch.device | str | None = None) -> float:
     return rss / GiB if sys.platform == "darwin" else rss * 1024 / GiB
 
 
+def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
+    """Best FLOP/s of a square matmul in this process (same threads, same dtype as the model)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        torch.mm(a, b)
+        dt = time.perf_counter() - t
+        best = max(best, 2 * size**3 / dt)
+    return best
+
+
 def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     """The device's promised peak; on a CPU, the best matmul FLOP/s measured now (it draws from
     the global torch generator, so callers measure once per run)."""
     peak = promised_flops(device)
     if peak is None and device.type == "cpu":
-        from dapo.bench.common import matmul_peak_flops
-
         peak = matmul_peak_flops(dtype, size=512, seconds=0.3)
     return peak
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo.rollout.decoder_fn import DecoderFn
+from dapo.model.decoder_fn import DecoderFn
 from dapo.rollout.sampling_ops import sample_tokens
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dapo.batch import Batch
-from dapo.rollout.decoder_fn import supports
+from dapo.model.decoder_fn import supports
 from dapo.rollout.engine import FastEngine
 from dapo.rollout.sampling_ops import sample_tokens
 
