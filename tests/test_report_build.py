@@ -17,7 +17,7 @@ from dapo.viewer.report import (  # noqa: E402
     load_run,
     register,  # noqa: E402
 )
-from dapo.viewer.synthetic import write_synthetic_run  # noqa: E402
+from synthetic_runs import write_synthetic_run  # noqa: E402
 
 torch.set_num_threads(1)
 PNG = b"\x89PNG\r\n\x1a\n"
