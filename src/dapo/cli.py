@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
+from dapo.errors import DapoError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -270,34 +271,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import logging
 
-    from dapo.checkpoint.store import CheckpointError
-    from dapo.errors import TrainingError
-    from dapo.outputs.rundir import RunDirError
-    from dapo.outputs.tracking import TrackerUnavailable
-    from dapo.rollout.vllm_rollout import WeightSyncError
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"dapo: {e}", file=sys.stderr)
-        return 2
-    except (TrackerUnavailable, CheckpointError, TrainingError, WeightSyncError, RunDirError) as e:
+    except DapoError as e:  # bad input or a stopped run: the message names what and how to fix it
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dapo: interrupted", file=sys.stderr)
         return 130
-    except ValueError as e:  # DataError, ModelError and friends carry their own fix-it text
-        from dapo.data.parquet import DataError
-        from dapo.model.loader import ModelError
-
-        if isinstance(e, DataError | ModelError):
-            print(f"dapo: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":
