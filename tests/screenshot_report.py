@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return SKIP
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from dapo.viewer.report import build_report
-    from dapo.viewer.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run  # this folder: the script's own
 
     with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else write_synthetic_run(Path(tmp) / "run", steps=20)

@@ -3,14 +3,12 @@ training loader accepts and the matching scorer grades."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from dapo.data.check import check_file
-from dapo.data.preprocess import register
 from dapo.data.preprocess.formats import PreprocessError, preprocess_file
 from dapo.reward.scorers import default_compute_score
 
@@ -18,10 +16,9 @@ FIX = Path(__file__).parent / "fixtures"
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dapo")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    from dapo.cli import main
+
+    return main(argv)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -157,7 +154,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_bad_input_names_rows_and_columns(tmp_path):
+def test_bad_input_names_rows_and_columns(tmp_path, capsys):
     with pytest.raises(PreprocessError, match="does not exist"):
         preprocess_file("gsm8k", tmp_path / "missing.jsonl", tmp_path)
     # MATH rows handed to the gsm8k converter: every row fails, with its index
@@ -172,7 +169,12 @@ def test_bad_input_names_rows_and_columns(tmp_path):
         preprocess_file("gsm8k", bad, tmp_path)
     path, n, skipped = preprocess_file("gsm8k", bad, tmp_path, skip_invalid=True)
     assert (n, skipped) == (1, 1)
+    capsys.readouterr()
     assert _cli(["preprocess", "gsm8k", "-i", str(bad), "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"dapo: {bad}: 1 of 2 rows cannot be converted as gsm8k (columns seen: ['answer', 'question']):\n"
+        "  row 1: answer has no '#### <number>' line\nfix them, or pass --skip-invalid to drop them\n"
+    )
 
 
 def test_limit_and_unsupported_type(tmp_path):

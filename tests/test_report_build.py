@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 
@@ -11,13 +10,8 @@ import torch
 
 pytest.importorskip("matplotlib", reason="the report needs the 'report' extra (matplotlib)")
 
-from dapo.viewer.report import (  # noqa: E402
-    FIGURES,
-    build_report,
-    load_run,
-    register,  # noqa: E402
-)
-from dapo.viewer.synthetic import write_synthetic_run  # noqa: E402
+from dapo.viewer.report import FIGURES, build_report, load_run  # noqa: E402
+from synthetic_runs import write_synthetic_run  # noqa: E402
 
 torch.set_num_threads(1)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,10 +23,9 @@ def run_dir(tmp_path_factory):
 
 
 def _cli(argv):
-    parser = argparse.ArgumentParser(prog="dapo")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    from dapo.cli import main
+
+    return main(argv)
 
 
 def test_report_from_synthetic_run_is_self_contained(run_dir, tmp_path, capsys):
@@ -85,5 +78,9 @@ def test_metrics_only_run_lists_what_is_missing(run_dir, tmp_path):
 
 def test_empty_dir_is_a_clear_error(tmp_path, capsys):
     assert _cli(["report", str(tmp_path)]) == 2
-    assert "metrics.jsonl" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"dapo: {tmp_path}: neither metrics.jsonl nor groups.jsonl found; pass the run directory "
+        "(trainer.default_local_dir) of a run that logged with trainer.logger containing jsonl\n"
+    )
     assert _cli(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"dapo: {tmp_path / 'nope'}: no such run directory\n"

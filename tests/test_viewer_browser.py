@@ -282,11 +282,20 @@ def test_opening_a_large_dump_parses_only_what_is_shown(tmp_path):
 
 
 def test_cli_registers_view_and_report(tmp_path, capsys):
+    from dapo.cli import build_parser, main
     from dapo.viewer import register
 
     parser = argparse.ArgumentParser(prog="dapo")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["view", str(tmp_path)])
-    assert args.func(args) == 2
-    assert "no rollout dumps" in capsys.readouterr().err
+    with pytest.raises(DumpError, match="no rollout dumps found"):
+        args.func(args)
     assert parser.parse_args(["report", str(tmp_path)]).command == "report"
+    # through dapo itself: one line naming the directory and what to point at instead
+    assert main(["view", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"dapo: {tmp_path}: no rollout dumps found. Point dapo view at trainer.rollout_data_dir or "
+        "trainer.validation_data_dir (a directory of <step>.jsonl files), or at a run directory "
+        "that has them\n"
+    )
+    assert build_parser().parse_args(["report", str(tmp_path)]).run_dir == str(tmp_path)

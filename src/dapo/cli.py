@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
+from dapo.errors import DapoError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -189,11 +190,39 @@ def cmd_data_arithmetic(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Subcommands(argparse._SubParsersAction):
+    """Subcommands, some of them added by another module's ``register(subparsers)``: that module
+    is imported only when its command is on the command line, so listing the commands (``dapo
+    --help``, ``dapo bench --help``) imports none of them, and a command pays only for its own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._modules: dict[str, str] = {}
+
+    def add_from(self, module: str, name: str, help: str) -> None:
+        """``name`` (listed with ``help``), defined by ``module.register(subparsers)``."""
+        self.add_parser(name, help=help)  # stands in until the command is chosen
+        self._modules[name] = module
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        module = self._modules.pop(values[0], None)
+        if module is not None:
+            scratch = argparse.ArgumentParser(prog=self._prog_prefix).add_subparsers()
+            importlib.import_module(module).register(scratch)
+            self.choices[values[0]] = scratch.choices[values[0]]
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _subcommands(parser: argparse.ArgumentParser, dest: str, **kwargs: Any) -> _Subcommands:
+    return parser.add_subparsers(dest=dest, required=True, action=_Subcommands, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``dapo`` command line; builds from this module alone (no model code is imported)."""
     parser = argparse.ArgumentParser(
         prog="dapo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = _subcommands(parser, "command", metavar="COMMAND")
 
     p = sub.add_parser(
         "train",
@@ -226,37 +255,39 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_eval)
 
-    data = sub.add_parser("data", help="data utilities").add_subparsers(dest="data_command", required=True)
+    data = _subcommands(sub.add_parser("data", help="data utilities"), "data_command")
     p = data.add_parser("arithmetic", help="write the built-in arithmetic task as verl parquet")
     p.add_argument("--output", required=True)
     p.add_argument("--train-size", type=int, default=1200)
     p.add_argument("--test-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data_arithmetic)
-    _register_optional(data, "dapo.data.check")
-    _register_optional(data, "dapo.tasks.arithmetic_chat")
+    data.add_from("dapo.data.check", "check", "find schema problems by row; summarise the file")
+    data.add_from(
+        "dapo.tasks.arithmetic_chat",
+        "arithmetic-chat",
+        "write the built-in chat-form arithmetic word problems as verl parquet",
+    )
 
-    _register_optional(sub, "dapo.data.preprocess")
-    _register_optional(sub, "dapo.viewer")
-    _register_optional(sub, "dapo.model.gguf")
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    _register_optional(bench, "dapo.sampling.simulate")
-    _register_optional(bench, "dapo.bench.rollout")
-    _register_optional(bench, "dapo.bench.update")
+    sub.add_from("dapo.data.preprocess", "preprocess", "convert a data file to verl-format parquet")
+    sub.add_from("dapo.viewer", "view", "browse rollout / validation dumps in the terminal")
+    sub.add_from(
+        "dapo.viewer",
+        "report",
+        "write an HTML report (sampling heatmaps, rounds, lengths, validation, timing) of a run",
+    )
+    sub.add_from("dapo.model.gguf", "model", "model utilities (GGUF import)")
+    bench = _subcommands(sub.add_parser("bench", help="benchmarks"), "bench_command")
+    bench.add_from(
+        "dapo.sampling.simulate",
+        "sampling",
+        "simulate each dynamic-sampling strategy on a synthetic drifting population",
+    )
+    bench.add_from("dapo.bench.rollout", "rollout", "our rollout engine vs model.generate")
+    bench.add_from(
+        "dapo.bench.update", "update", "log-prob / update tokens/s: packed and dynamic bsz vs padded"
+    )
     return parser
-
-
-def _register_optional(subparsers: argparse._SubParsersAction, module: str) -> None:
-    """Commands whose module exposes ``register(subparsers)``."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError:
-        return
-    register: Callable | None = getattr(mod, "register", None)
-    if register is not None:
-        register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,34 +301,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import logging
 
-    from dapo.checkpoint.store import CheckpointError
-    from dapo.errors import TrainingError
-    from dapo.outputs.rundir import RunDirError
-    from dapo.outputs.tracking import TrackerUnavailable
-    from dapo.rollout.vllm_rollout import WeightSyncError
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"dapo: {e}", file=sys.stderr)
-        return 2
-    except (TrackerUnavailable, CheckpointError, TrainingError, WeightSyncError, RunDirError) as e:
+    except DapoError as e:  # bad input or a stopped run: the message names what and how to fix it
         print(f"dapo: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dapo: interrupted", file=sys.stderr)
         return 130
-    except ValueError as e:  # DataError, ModelError and friends carry their own fix-it text
-        from dapo.data.parquet import DataError
-        from dapo.model.loader import ModelError
-
-        if isinstance(e, DataError | ModelError):
-            print(f"dapo: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -1,7 +1,20 @@
-"""Errors that end a run with one ``dapo:`` line (the command line prints them without a traceback)."""
+"""Errors that end a command with one ``dapo:`` line (the command line prints them without a traceback)."""
 
 
-class TrainingError(RuntimeError):
+class DapoError(Exception):
+    """A problem the user can fix: the message names the key, file, row or path and says how.
+
+    Every such error in dapo derives from this class as well as from the builtin its callers
+    catch (``ValueError``, ``RuntimeError``, ...); ``dapo.cli`` prints it as ``dapo: <message>``
+    and exits with status 2, while any other exception keeps its traceback.
+    """
+
+
+class ModelError(DapoError, ValueError):
+    """A model directory (or model file) that cannot be used, naming the path and how to fix it."""
+
+
+class TrainingError(DapoError, RuntimeError):
     """The run cannot go on; the message says why and how to continue."""
 
 

@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from dapo.errors import DapoError
+
 MANIFEST = "dapo_checkpoint.json"
 FORMAT_VERSION = 2
 STATE_FILE = "trainer_state.json"
@@ -33,7 +35,7 @@ _STEP_RE = re.compile(r"^global_step_(\d+)$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(DapoError, RuntimeError):
     """A checkpoint that cannot be used; the message names the file and says why."""
 
 

@@ -14,11 +14,12 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dapo.config.schema import DapoConfig
+from dapo.errors import DapoError
 
 DEFAULT_PRESET = "default"
 
 
-class ConfigError(ValueError):
+class ConfigError(DapoError, ValueError):
     """One or more configuration problems; each names the key and how to fix it."""
 
     def __init__(self, problems: list[str]):

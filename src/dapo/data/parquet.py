@@ -9,8 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dapo.errors import DapoError
 
-class DataError(ValueError):
+
+class DataError(DapoError, ValueError):
     """A problem with a data file, naming the file, the row and how to fix it."""
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo.model.loader import ModelError
+from dapo.errors import ModelError
 
 INSTALL_HINT = "pip install 'dapo[smollm2]' (brings gguf and accelerate)"
 # Tensor types stored unquantized; every other type needs a dequantizer.
@@ -339,15 +339,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dapo.model.gguf import FILE --output DIR`` (same as ``dapo model ...``)."""
-    parser = argparse.ArgumentParser(prog="python -m dapo.model.gguf")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["model", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return int(args.func(args) or 0)
-    except GGUFError as e:
-        print(f"dapo: {e}", file=sys.stderr)
-        return 2
+    """``python -m dapo.model.gguf import FILE --output DIR``: the same as ``dapo model ...``."""
+    from dapo.cli import main as dapo_main
+
+    return dapo_main(["model", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-
-class ModelError(ValueError):
-    """A model directory that cannot be used, naming the path and how to fix it."""
+from dapo.errors import ModelError
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dapo.errors import DapoError
+
 LOCK_FILE = "dapo.lock"
 FINISHED_FILE = "finished.json"
 ROW_FILES = ("metrics.jsonl", "groups.jsonl")
@@ -90,7 +92,7 @@ LENGTH_KEYS = (
 )
 
 
-class RunDirError(RuntimeError):
+class RunDirError(DapoError, RuntimeError):
     """The run directory cannot be used as asked; the message says why and what to do."""
 
 

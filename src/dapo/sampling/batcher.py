@@ -24,6 +24,7 @@ import torch
 
 from dapo.batch import Batch
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
+from dapo.errors import DapoError
 from dapo.outputs.records import FATES
 from dapo.sampling.filter import ALL_CORRECT, ALL_WRONG, KEPT, OUT_OF_BAND, GroupOutcome, classify
 from dapo.sampling.history import PromptHistory
@@ -43,7 +44,7 @@ class PromptSource(Protocol):
 GenerateFn = Callable[[list[dict]], Batch]
 
 
-class GenerationBudgetExhausted(ValueError):
+class GenerationBudgetExhausted(DapoError, ValueError):
     """``max_num_gen_batches`` rounds ran without filling the batch and ``on_exhausted=error``."""
 
 

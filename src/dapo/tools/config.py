@@ -20,12 +20,13 @@ from typing import Any
 
 import yaml
 
+from dapo.errors import DapoError
 from dapo.tools.base import BaseTool, resolve_tool_class
 
 BUILTIN_CONFIG_DIR = Path(__file__).with_name("configs")
 
 
-class ToolConfigError(ValueError):
+class ToolConfigError(DapoError, ValueError):
     pass
 
 

@@ -19,7 +19,6 @@ from typing import Any
 from dapo.viewer.dumps import (
     DEFAULT_MASK,
     DumpDir,
-    DumpError,
     find_dumps,
     format_value,
     row_matches,
@@ -496,11 +495,7 @@ def make_app(path: str | Path, mask: str | None = DEFAULT_MASK):
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    try:
-        dumps = find_dumps(args.path)
-    except DumpError as e:
-        print(f"dapo view: {e}", file=sys.stderr)
-        return 2
+    dumps = find_dumps(args.path)
     try:
         cls = app_class()
     except ModuleNotFoundError as e:

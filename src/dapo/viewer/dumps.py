@@ -16,12 +16,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from dapo.errors import DapoError
 from dapo.outputs.records import VIEWER_FILE
 
 SCORE_KEYS = ("score", "score_1")
 
 
-class DumpError(ValueError):
+class DumpError(DapoError, ValueError):
     pass
 
 

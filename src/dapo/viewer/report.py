@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dapo.errors import DapoError
 from dapo.outputs.records import FATES, VIEWER_FILE, read_groups, read_metrics
 
 DS = "dynamic_sampling/"
@@ -37,7 +38,7 @@ PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_criti
 PHASE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-class ReportError(ValueError):
+class ReportError(DapoError, ValueError):
     pass
 
 
@@ -591,9 +592,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     try:
         out = build_report(args.run_dir, args.output)
-    except ReportError as e:
-        print(f"dapo report: {e}", file=sys.stderr)
-        return 2
     except ModuleNotFoundError as e:
         print(
             f"dapo report: {e.name} is missing; install it with pip install 'dapo[report]'", file=sys.stderr

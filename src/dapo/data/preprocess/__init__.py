@@ -14,7 +14,6 @@ The CLI owner calls :func:`register` with an argparse subparsers object.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from dapo.data.preprocess import tool_formats  # noqa: F401,E402  (registers the tool variants)
 from dapo.data.preprocess.formats import FORMATS, PreprocessError, preprocess_file
@@ -24,19 +23,15 @@ __all__ = ["FORMATS", "PreprocessError", "preprocess_file", "register", "run"]
 
 def run(args: argparse.Namespace) -> int:
     """Entry point for ``dapo preprocess``; returns the exit status."""
-    try:
-        out_path, n, skipped = preprocess_file(
-            args.format,
-            args.input,
-            args.output,
-            split=args.split,
-            limit=args.limit,
-            skip_invalid=args.skip_invalid,
-            options=vars(args),
-        )
-    except PreprocessError as exc:
-        print(f"dapo preprocess: {exc}", file=sys.stderr)
-        return 2
+    out_path, n, skipped = preprocess_file(
+        args.format,
+        args.input,
+        args.output,
+        split=args.split,
+        limit=args.limit,
+        skip_invalid=args.skip_invalid,
+        options=vars(args),
+    )
     note = f" ({skipped} invalid rows skipped)" if skipped else ""
     print(f"wrote {n} rows to {out_path}{note}")
     return 0

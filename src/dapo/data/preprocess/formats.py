@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dapo.errors import DapoError
 from dapo.reward.scorers.math_dapo import last_boxed_only_string, remove_boxed
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -23,7 +24,7 @@ DAPO_PREFIX = (
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 
 
-class PreprocessError(ValueError):
+class PreprocessError(DapoError, ValueError):
     """A problem with the input, naming the file, row or column and how to fix it."""
 
 

@@ -23,6 +23,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dapo.errors import DapoError
 from dapo.reward.scorers import countdown, gsm8k, math_dapo, math_equiv
 
 _MATH_EQUIV_SOURCES = (
@@ -50,7 +51,7 @@ KNOWN_SOURCES: tuple[str, ...] = (
 )
 
 
-class UnknownDataSourceError(NotImplementedError):
+class UnknownDataSourceError(DapoError, NotImplementedError):
     """No built-in scorer for a data_source. A configuration error, never counted as a scorer failure."""
 
 

@@ -1,4 +1,4 @@
-"""A synthetic run directory for tests, screenshots and trying the viewer without training.
+"""A synthetic run directory for the report tests and the report screenshot, without training.
 
 The dynamic batcher runs for real on a fake rollout (no model): prompts have a difficulty, the
 policy "improves" step by step and responses grow longer, so the figures show what a drifting
