@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dapo.outputs.progress import logging_through, round_info
 from dapo.outputs.tracking import ConsoleTracker, _field_lines, step_fields, validation_fields
-from dapo.sampling.batcher import _generated_acc
+from dapo.sampling.step_stats import generated_acc
 
 STEP = {
     "train/num_gen_batches": 2.0,
@@ -83,8 +83,8 @@ def test_validation_alone_is_one_line_per_source_under_its_step():
 
 def test_generated_acc_weighs_every_response():
     groups = [{"mean": 1.0, "n": 4}, {"mean": 0.0, "n": 4}, {"mean": 0.5, "n": 8}, {"mean": None, "n": 4}]
-    assert _generated_acc(groups) == (4 + 0 + 4) / 16
-    assert _generated_acc([{"mean": None, "n": 4}]) is None
+    assert generated_acc(groups) == (4 + 0 + 4) / 16
+    assert generated_acc([{"mean": None, "n": 4}]) is None
 
 
 def test_round_info_says_what_the_pool_holds():

@@ -332,7 +332,7 @@ def test_prefetch_lag_counts_the_update_in_flight(max_staleness):
 
 
 def test_pool_batches_saved_as_json_lists_by_earlier_checkpoints_still_load():
-    from dapo.sampling.batcher import batch_from_state
+    from dapo.sampling.batch_state import batch_from_state
 
     old = {
         "tensors": {"responses": {"dtype": "int64", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]}},

@@ -103,7 +103,7 @@ def test_posterior_rule_never_skips_past_the_revisit_bound(
 @given(st.integers(1, 30), st.integers(1, 40), st.booleans(), st.integers(0, 2**31 - 1))
 def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
     # every prompt solved (P(no spread) near 1, far above the threshold), no exploration and a
-    # revisit bound far away: each pass over the source skips everything, yet _draw returns k rows,
+    # revisit bound far away: each pass over the source skips everything, yet draw returns k rows,
     # after at most one skip per distinct prompt in a row
     from dapo.config.sampling import FilterGroupsConfig, SkipConfig
     from dapo.sampling import DynamicBatcher
@@ -117,7 +117,7 @@ def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
     if unindexed:
         rows[0]["index"] = None
     src = ListSource(rows, seed=seed)
-    chosen, skipped = b._draw(src, k)
+    chosen, skipped = b.skip.draw(src, k, b.version)
     assert len(chosen) == k
     assert skipped <= k * num
     assert src.taken == k + skipped
@@ -126,7 +126,7 @@ def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
 def _draw_with_budget(max_explore: float) -> list[int]:
     # prompts 0..89 solved (8/8 once: Beta(8.5, 0.5), P(no spread in 8) = prod (8.5 + j) / (9 + j)
     # + prod (0.5 + j) / (9 + j) over j < 8 = 0.7127 >= 0.2), 90..99 useful (4/8: 0.045): unshuffled,
-    # one _draw of 10 meets the 90 solved ones first. With max_prob=0 each explores with probability
+    # one draw of 10 meets the 90 solved ones first. With max_prob=0 each explores with probability
     # (1 - 0.7127) / 0.8 = 0.36, so ~32 would without a cap.
     from dapo.config.sampling import FilterGroupsConfig, SkipConfig
     from dapo.sampling import DynamicBatcher
@@ -137,7 +137,7 @@ def _draw_with_budget(max_explore: float) -> list[int]:
     for i in range(100):
         b.history.record(i, filtered=i < 90, mean=1.0 if i < 90 else 0.5, correct=8 if i < 90 else 4, n=8)
     assert b.history.zero_spread_prob(0, 0, 8) == pytest.approx(0.71266, abs=1e-5)
-    chosen, _ = b._draw(ListSource(prompt_rows(100), shuffle=False), 10)
+    chosen, _ = b.skip.draw(ListSource(prompt_rows(100), shuffle=False), 10, b.version)
     return [r["index"] for r in chosen]
 
 
@@ -246,7 +246,7 @@ def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
         b.history.record(i, filtered=k in (0, 8), mean=k / 8, correct=k, n=8)
     assert b.history.zero_spread_prob(2, 0, 8) == pytest.approx(0.34509, abs=1e-5)
     src = ListSource(prompt_rows(3), shuffle=False)
-    chosen, skipped = b._draw(src, 1)
+    chosen, skipped = b.skip.draw(src, 1, b.version)
     assert [r["index"] for r in chosen] == [2] and skipped == 3 and src.taken == 4
 
 

@@ -111,7 +111,7 @@ def test_budget_bounds_launched_prompts_and_on_exhausted_train():
 def test_unbounded_step_warns_every_50_rounds_like_default(caplog):
     # max_num_gen_batches=0 and nearly everything filtered: the step keeps going, and says so
     table = {i: [[0, 1]] if i == 120 else [[0, 0]] for i in range(130)}
-    with caplog.at_level("WARNING", logger="dapo.sampling.batcher"):
+    with caplog.at_level("WARNING", logger="dapo.sampling"):
         b, stream, (s,) = _run(table, B=1, gen=1, skip=SkipConfig(enable=False))
     assert s.num_groups == 1 and len(stream.submitted) == 121  # 121 rounds of one prompt
     said = [r.getMessage() for r in caplog.records if "generation rounds for one step" in r.getMessage()]

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dapo.outputs.profiling import Timer
-from dapo.sampling.batcher import SampledStep, batch_from_state, batch_to_state
+from dapo.sampling.batch_state import batch_from_state, batch_to_state
+from dapo.sampling.strategies.base import SampledStep
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Streaming dynamic sampling (``algorithm.filter_groups.strategy=stream``): the engine side's
-interface and the refill rule. The strategy itself is ``DynamicBatcher._step_stream``.
+interface and the refill rule. The strategy itself is :mod:`dapo.sampling.strategies.stream`.
 
 A :class:`GroupStream` holds groups (one prompt, ``n`` samples) in flight on an engine. The batcher
 submits prompts, takes groups back as they finish (already scored), and aborts the rest once the

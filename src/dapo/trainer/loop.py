@@ -41,7 +41,7 @@ from dapo.reward.factory import build_reward_manager
 from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
-from dapo.sampling.batcher import DynamicBatcher, SampledStep
+from dapo.sampling import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
 from dapo.trainer.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.trainer.signals import GracefulStop

@@ -1,0 +1,133 @@
+"""Pre-rollout skipping (``algorithm.filter_groups.skip``): which drawn prompts to roll out.
+
+:class:`SkipPolicy` keeps every prompt's outcome history (:mod:`dapo.sampling.history`) and the
+streak rule's skip probability. The strategies and the pool use it only through ``draw`` (the
+round's prompts), ``observe`` (a group's outcome), ``solved_since`` (the re-check of a carried
+group) and ``adapt`` (after each round); the batcher saves ``history`` and ``prob``. A
+replacement policy provides those.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from dapo.config.sampling import FilterGroupsConfig
+from dapo.sampling.history import PromptHistory
+
+
+class PromptSource(Protocol):
+    epoch: int
+
+    def take(self, k: int) -> list[dict]: ...
+
+
+class SkipPolicy:
+    def __init__(self, cfg: FilterGroupsConfig, train_batch_size: int, n: int, rng: np.random.Generator):
+        self.cfg = cfg
+        self.train_batch_size = train_batch_size
+        self.n = n
+        self.rng = rng  # the batcher's generator: skipping draws from it in the batcher's order
+        self.history = self.new_history()
+        self.prob = float(cfg.skip.init_prob)  # the streak rule's controller
+
+    @property
+    def active(self) -> bool:
+        return bool(self.cfg.enable and self.cfg.strategy != "verl" and self.cfg.skip.enable)
+
+    def metric_prob(self) -> float:
+        """``dynamic_sampling/skip_prob``: the streak controller's value, 0 when not skipping."""
+        return self.prob if self.active else 0.0
+
+    def new_history(self, state: dict[str, Any] | None = None) -> PromptHistory:
+        sc = self.cfg.skip
+        prior = (float(sc.prior[0]), float(sc.prior[1]))
+        if state is None:
+            return PromptHistory(prior, float(sc.decay))
+        return PromptHistory.from_state_dict(state, prior, float(sc.decay))
+
+    def draw(self, source: PromptSource, k: int, version: int) -> tuple[list[dict], int]:
+        """k prompts to roll out at policy ``version`` and how many drawn ones were skipped.
+        Terminates: a prompt drawn again with nothing rolled out since its previous draw in this
+        call (a whole pass skipped) makes the skipped prompt likeliest to spread a rollout."""
+        sc = self.cfg.skip
+        # prob is the streak rule's controller; the posterior rule decides per prompt, and a
+        # well-predicted run (filtered fraction below skip.target) must not switch it off
+        if not self.active or (sc.rule == "streak" and self.prob <= 0):
+            return source.take(k), 0
+        prob = min(self.prob, sc.max_prob)
+        max_updates = math.ceil(sc.revisit_epochs * len(self.history) / self.train_batch_size)
+        # exploring rollouts: max_explore * k in expectation at most, whatever the draws per round
+        budget = math.floor(sc.max_explore * k + self.rng.random()) if sc.rule == "posterior" else 0
+        chosen: list[dict] = []
+        skipped = 0
+        passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
+        while len(chosen) < k:
+            for row in source.take(k - len(chosen)):
+                idx = None if row.get("index") is None else int(row["index"])
+                if idx in passed:  # the same version judged it: it is skipped again
+                    best = min(passed, key=lambda i: self.history.zero_spread_prob(i, version, self.n))
+                    chosen.append(passed.pop(best) if best != idx else row)
+                    passed = {} if best == idx else {idx: row}
+                    continue
+                self.history.explored = False
+                if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0, version):
+                    skipped += 1
+                    passed[idx] = row
+                else:
+                    chosen.append(row)
+                    passed = {}
+                    budget -= self.history.explored
+        return chosen, skipped
+
+    def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool, version: int) -> bool:
+        sc = self.cfg.skip
+        if sc.rule == "posterior":
+            return self.history.should_skip_posterior(
+                idx,
+                prob=sc.threshold,
+                max_prob=sc.max_prob,
+                max_updates=max_updates,
+                version=version,
+                n=self.n,
+                rng=self.rng,
+                explore=explore,
+            )
+        return self.history.should_skip(
+            idx,
+            prob=prob,
+            min_streak=sc.min_streak,
+            max_updates=max_updates,
+            version=version,
+            rng=self.rng,
+        )
+
+    def observe(
+        self, idx: int, *, filtered: bool, mean: float, correct: float | None, n: int, version: int
+    ) -> None:
+        """A group of prompt ``idx`` rolled out at policy ``version``: ``correct`` of its ``n``
+        responses right (None: ungraded), ``mean`` its filter metric's mean."""
+        self.history.record(idx, filtered=filtered, mean=mean, correct=correct, n=n, version=version)
+
+    def solved_since(self, index: int | None, gen_version: int, version: int) -> bool:
+        """A carried group (generated at ``gen_version``) whose prompt's newer groups say the next
+        one would have no spread."""
+        sc = self.cfg.skip
+        if not self.active or sc.rule != "posterior" or index is None or sc.recheck >= 1:
+            return False
+        rec = self.history.get(index)
+        if rec is None or rec.version <= gen_version:  # no evidence newer than the group itself
+            return False
+        return self.history.zero_spread_prob(index, version, self.n) >= sc.recheck
+
+    def adapt(self, kept_rate: float) -> None:
+        """The streak rule's controller, after a round: compare the smoothed filtered fraction
+        (not one noisy round) with ``skip.target``."""
+        if self.active:
+            sc = self.cfg.skip
+            if 1.0 - kept_rate > sc.target:
+                self.prob = min(sc.max_prob, self.prob + sc.prob_step)
+            else:
+                self.prob = max(0.0, self.prob - sc.prob_step)

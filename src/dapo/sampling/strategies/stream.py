@@ -1,0 +1,78 @@
+"""``strategy=stream``: groups go to the engine one by one (:class:`~dapo.sampling.stream.GroupStream`)
+and are filtered as each finishes; the engine is refilled while the groups in flight are not
+expected to fill the batch (``stream_refill``, at most ``data.gen_batch_size`` in flight), and
+what is still in flight when the batch is full is aborted (its partial tokens count as generated).
+The filter, pool, staleness bound and skipping are ``default``'s. ``max_num_gen_batches`` bounds
+the prompts launched per step to that many times ``data.gen_batch_size``; ``rounds`` counts the
+launched prompts in those units.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dapo.sampling.pool import Group
+from dapo.sampling.skip import PromptSource
+from dapo.sampling.step_stats import StepStats
+from dapo.sampling.strategies.base import OnRound, SampledStep, Sampler
+from dapo.sampling.stream import GroupStream, stream_refill
+
+
+def step(
+    s: Sampler, source: PromptSource, stream: GroupStream, st: StepStats, on_round: OnRound
+) -> SampledStep:
+    B = s.train_batch_size
+    s.pool.drop_stale(s.version, s.cfg.max_staleness, st)
+    fresh: list[Group] = []
+    have = len(s.pool)
+    exhausted = None
+    k_max = s.cfg.max_num_gen_batches
+    budget = k_max * s.gen_batch_size if k_max > 0 else None  # prompts this step may launch
+    launched = finished = kept_step = 0
+    try:
+        while have < B:
+            rate = planning_rate(s.cfg.adaptive_rounds, s.kept_rate, finished, kept_step)
+            want = stream_refill(B - have, stream.in_flight, s.gen_batch_size, rate, s.cfg.round_margin)
+            if budget is not None:
+                want = min(want, budget - launched)
+            if want > 0:
+                rows, skipped = s.skip.draw(source, want, s.version)
+                st.skipped_prompts += skipped
+                stream.submit(rows)
+                launched += len(rows)
+                st.round_sizes.append(len(rows))
+                before, st.rounds = st.rounds, math.ceil(launched / s.gen_batch_size)
+                if st.rounds // 50 > before // 50:  # unbounded and still short: say so, as default does
+                    s.warn_many_rounds(st, have)
+            if stream.in_flight == 0:  # the budget is spent and every launched group is in
+                exhausted = s.exhausted(st, have, verl=False)
+                break
+            rows, b = stream.wait()
+            b = s.tag(rows, b, st)
+            kept_now = s.filter_into(b, st, fresh)
+            s.pool.recheck(s.solved, st)
+            have = len(s.pool) + len(fresh)
+            finished += len(rows)
+            kept_step += kept_now
+            s.report(on_round, st, have, {**s.pool_info(), "in_flight": stream.in_flight})
+    finally:
+        groups, tokens = stream.abort()
+        st.aborted_groups += groups
+        st.aborted_tokens += tokens
+        st.generated_groups += groups
+        st.generated_tokens += tokens
+    st.refills = len(st.round_sizes)
+    s.adapt(finished, kept_step)
+    return s.take(fresh, exhausted, st)
+
+
+def planning_rate(adaptive_rounds: bool, kept_rate: float | None, finished: int, kept: int) -> float | None:
+    """The kept rate the refill plans with: the running estimate from earlier steps, else this
+    step's groups so far on top of one kept pseudo-group (the optimistic start that
+    ``stream_refill`` uses before any evidence), else unknown. ``adaptive_rounds`` off: 0,
+    which keeps the engine full (``data.gen_batch_size`` groups in flight)."""
+    if not adaptive_rounds:
+        return 0.0
+    if kept_rate is not None:
+        return kept_rate
+    return (kept + 1) / (finished + 1) if finished else None
