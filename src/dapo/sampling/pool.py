@@ -73,8 +73,9 @@ class GroupPool:
     ) -> Batch | None:
         """The step's batch: up to ``size`` groups, the carried ones (re-checked) before the fresh
         ones, so carried groups are used before they expire; None when the step is skipped
-        (``exhausted`` is ``"skip"``, or ``"train"`` with no group at all). The rest stays in the
-        pool with ``carry_over``, else it is dropped."""
+        (``exhausted`` is ``"skip"``, or ``"train"`` with no group at all). Called with
+        ``exhausted=None`` once the pool and ``fresh`` hold ``size`` groups (the re-check here may
+        still leave fewer). The rest stays in the pool with ``carry_over``, else it is dropped."""
         self.recheck(solved, st)
         carried = len(self.groups)
         groups = self.groups + fresh
