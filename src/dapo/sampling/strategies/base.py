@@ -128,9 +128,14 @@ class Sampler:
                 KEY,
             )
 
+    def carried(self, st: StepStats) -> int:
+        """At the start of a step: drop the pool's stale groups; how many carried groups are left."""
+        self.pool.drop_stale(self.version, self.cfg.max_staleness, st)
+        return len(self.pool)
+
     def filter_into(self, b: Batch, st: StepStats, fresh: list[Group]) -> int:
         """Classify ``b``'s groups, show them to the skip policy, append the kept ones to
-        ``fresh``; returns how many were kept."""
+        ``fresh``, then re-check the pool against the new evidence; returns how many were kept."""
         outcomes = classify(b, self.cfg.metric, rule=self.cfg.filter_rule, band=self.band)
         self.count(outcomes, st)
         st.record(b, outcomes)
@@ -152,6 +157,7 @@ class Sampler:
             if o.kept:
                 fresh.append(Group(b.select(o.rows), st.gen_version, idx))
                 kept_now += 1
+        self.pool.recheck(self.solved, st)
         return kept_now
 
     def solved(self, g: Group) -> bool:

@@ -22,9 +22,8 @@ def step(
     s: Sampler, source: PromptSource, generate: GenerateFn, st: StepStats, on_round: OnRound
 ) -> SampledStep:
     B = s.train_batch_size
-    s.pool.drop_stale(s.version, s.cfg.max_staleness, st)
+    have = s.carried(st)
     fresh: list[Group] = []
-    have = len(s.pool)
     exhausted = None
     k_max = s.cfg.max_num_gen_batches
     while have < B:
@@ -38,7 +37,6 @@ def step(
         st.skipped_prompts += skipped
         b = s.generate(rows, generate, st)
         kept_now = s.filter_into(b, st, fresh)
-        s.pool.recheck(s.solved, st)
         have = len(s.pool) + len(fresh)
         s.adapt(len(rows), kept_now)
         s.report(on_round, st, have, s.pool_info())

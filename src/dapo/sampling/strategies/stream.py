@@ -22,9 +22,8 @@ def step(
     s: Sampler, source: PromptSource, stream: GroupStream, st: StepStats, on_round: OnRound
 ) -> SampledStep:
     B = s.train_batch_size
-    s.pool.drop_stale(s.version, s.cfg.max_staleness, st)
+    have = s.carried(st)
     fresh: list[Group] = []
-    have = len(s.pool)
     exhausted = None
     k_max = s.cfg.max_num_gen_batches
     budget = k_max * s.gen_batch_size if k_max > 0 else None  # prompts this step may launch
@@ -50,7 +49,6 @@ def step(
             rows, b = stream.wait()
             b = s.tag(rows, b, st)
             kept_now = s.filter_into(b, st, fresh)
-            s.pool.recheck(s.solved, st)
             have = len(s.pool) + len(fresh)
             finished += len(rows)
             kept_step += kept_now
