@@ -48,6 +48,10 @@ __all__ = [
 
 
 class DynamicBatcher(Sampler):
+    """One training step's batch per ``next_batch`` call, by the configured strategy; the state
+    it carries between steps (:class:`~dapo.sampling.strategies.base.Sampler`) is saved whole by
+    ``state_dict``."""
+
     def __init__(
         self, cfg: FilterGroupsConfig, train_batch_size: int, gen_batch_size: int, n: int, seed: int
     ) -> None:
