@@ -355,13 +355,14 @@ def test_forged_status_on_the_status_pipe_cannot_claim_a_limit(host):
     or an output limit, which the parent sees for itself."""
     fields, hits, sockets = host
     code = (
-        'import os\nfake = b\'{"refused": ["fork"], "exception": "MemoryError"}\'\n'
+        "import os\nfake = b'refused fork\\nend MemoryError\\n'\n"
         "for fd in range(3, 64):\n    try:\n        os.write(fd, fake)\n    except OSError:\n        pass\n"
         "os._exit(137)\n"
     )
     res = run_python(code, SandboxLimits(**LIMITS, audit_hook=False))
     _assert_contained(res, fields, hits, sockets)
-    assert res.status in ("refused", "memory_limit") and res.cpu_seconds < 1
+    assert res.status == "memory_limit" and res.refused == ["fork"] and res.status_problem is None
+    assert res.returncode == 137 and res.cpu_seconds < 1
 
 
 def _comm_pids(marker: str) -> list[int]:

@@ -28,9 +28,9 @@ the machine).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import platform
+import re
 import select
 import shutil
 import signal
@@ -91,6 +91,8 @@ class SandboxResult:
     exception: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    # what was wrong with the runner's status report, which was then set aside (None: nothing)
+    status_problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -169,9 +171,11 @@ def _interpreter(as_other_user: bool) -> tuple[str, list[str], list[str]] | None
 
 
 def bwrap_argv(
-    lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int, runner_fd: int
+    lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int, runner_fd: int, info_fd: int
 ) -> list[str] | None:
-    """The bwrap command line, or None when no interpreter is readable by the sandbox user."""
+    """The bwrap command line, or None when no interpreter is readable by the sandbox user.
+
+    ``info_fd`` gets bwrap's report of the sandbox's pid (see :func:`_open_init`)."""
     feats = _bwrap_features() or frozenset()
     interp = _interpreter(_runs_as() is not None)
     if interp is None:
@@ -180,6 +184,7 @@ def bwrap_argv(
     argv = [shutil.which("bwrap") or "bwrap"]
     argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
+    argv += ["--info-fd", str(info_fd)]
     argv += ["--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if "--disable-userns" in feats:
         argv.append("--disable-userns")
@@ -287,6 +292,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         err_r, err_w = os.pipe()
         fds += [status_r, status_w, out_r, out_w, err_r, err_w]
         passed = [code_fd, status_w]
+        info_r = None
         user: dict = {}
         if weak:
             argv = _weak_argv(box, lim, code_fd, status_w)
@@ -300,7 +306,10 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
                 seccomp_fd = _memfd("seccomp", program)
                 fds.append(seccomp_fd)
                 passed.append(seccomp_fd)
-            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd, runner_fd)
+            info_r, info_w = os.pipe()
+            fds += [info_r, info_w]
+            passed.append(info_w)
+            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd, runner_fd, info_w)
             if argv is None or program is None:
                 why = "no interpreter the sandbox user can read" if argv is None else "no seccomp filter here"
                 return SandboxResult("error", "", f"sandbox: cannot start: {why}", None)
@@ -325,7 +334,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         for fd in (*passed, out_w, err_w):  # the child holds the only write ends now
             os.close(fd)
             fds.remove(fd)
-        seen = _supervise(proc, out_r, err_r, status_r, t0 + float(lim.wall_seconds), lim)
+        seen = _supervise(proc, out_r, err_r, status_r, info_r, t0 + float(lim.wall_seconds), lim)
     finally:
         for fd in fds:
             try:
@@ -337,37 +346,99 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
     return _result(seen, lim, time.monotonic() - t0)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill bwrap's process group; bwrap's death (die-with-parent) kills the namespace and all in it."""
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+# How the sandbox is made to end with its call. The program is PID 1 of its namespace
+# (--as-pid-1): when it dies the kernel kills everything else in the namespace, and its death is
+# complete only once they are gone. So killing it, and waiting for it, is enough. bwrap reports
+# its host pid on --info-fd; the supervisor holds a pidfd on it (no pid reuse can redirect the
+# kill) and SIGKILLs it through that pidfd, then bwrap. This needs no privilege beyond the
+# sandbox's own user (root's child runs as nobody, a non-root trainer's as itself, and a setuid
+# bwrap drops to the caller before the program runs), unlike a cgroup, which a non-root trainer
+# usually cannot create. Killing bwrap alone is not enough: the program's parent-death signal
+# (set by --die-with-parent) is all that ties it to bwrap, and the program could clear it if the
+# seccomp filter did not refuse that. That signal is still the way the sandbox dies with a
+# trainer killed outright (SIGKILL, the OOM killer): the trainer's death kills bwrap
+# (--die-with-parent), and bwrap's death the program.
+_CHILD_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\D')
+
+
+def _open_init(info: bytes, bwrap_pid: int) -> int | None:
+    """A pidfd on the sandbox's PID 1, from bwrap's ``--info-fd`` report, or None if it is gone.
+
+    The pid is checked to be bwrap's child while the pidfd is held: had it exited and been
+    reaped (its namespace gone with it) and the pid been reused, the check fails."""
+    m = _CHILD_PID.search(info)
+    if m is None:
+        return None
+    pid = int(m[1])
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already, or a kernel without pidfds (< 5.3): bwrap's death kills it
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name before ")" may hold anything
+        try:
+            signal.pidfd_send_signal(fd, 0)  # still alive, so /proc described this process
+        except PermissionError:
+            pass  # a setuid bwrap's child before it drops to the caller: alive all the same
+        if ppid == bwrap_pid:
+            return fd
+    except (OSError, ValueError, IndexError):
+        pass
+    os.close(fd)
+    return None
+
+
+def _kill(proc: subprocess.Popen, init_fd: int | None, bwrap: bool) -> None:
+    """SIGKILL the sandbox's PID 1 (and so its namespace), and with ``bwrap`` bwrap's process group.
+
+    Left alone, bwrap reaps its dead child and exits; killed with it, the child is left to the
+    host's init to reap, a zombie for a while."""
+    kills = [lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)]
+    if init_fd is not None:
+        try:
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+        except OSError:  # gone already; or not ours to signal yet (setuid bwrap): bwrap's death kills it
+            bwrap = True
+    for kill in kills if bwrap or init_fd is None else ():
         try:
             kill()
-        except (ProcessLookupError, PermissionError):
+        except OSError:
             pass
 
 
 def _supervise(
-    proc: subprocess.Popen, out_r: int, err_r: int, status_r: int, deadline: float, lim: SandboxLimits
+    proc: subprocess.Popen,
+    out_r: int,
+    err_r: int,
+    status_r: int,
+    info_r: int | None,
+    deadline: float,
+    lim: SandboxLimits,
 ) -> _Observed:
-    """Read the three pipes and wait for the process, never blocking past the deadline (+ grace)."""
+    """Read the pipes and wait for bwrap and the sandbox's PID 1 to be gone, never blocking past
+    the deadline (+ grace)."""
     seen = _Observed()
     keep = {
         out_r: int(lim.max_output_chars) * 4 + 4,
         err_r: int(lim.max_output_chars) * 4 + 4,
-        status_r: STATUS_CAP,
+        status_r: STATUS_CAP + 1,  # one more byte: to tell a status at the cap from a longer one
     }
     bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
+    if info_r is not None:
+        keep[info_r], bufs[info_r] = 4096, bytearray()
     read_total = 0
     try:
         pidfd: int | None = os.pidfd_open(proc.pid)  # readable when the process exits
     except OSError:  # Linux < 5.3: poll the process every 50 ms instead
         pidfd = None
+    init_fd: int | None = None  # the sandbox's PID 1, once bwrap has said which it is
     poller = select.poll()
-    for fd in (out_r, err_r, status_r, pidfd):
+    for fd in (out_r, err_r, status_r, info_r, pidfd):
         if fd is not None:
             poller.register(fd, select.POLLIN)
-    open_fds = {out_r, err_r, status_r}
-    exited, give_up = False, None
+    open_fds = set(bufs)
+    exited, init_gone, give_up = False, False, None
 
     def reap(flags: int) -> bool:
         pid, wait_status, usage = os.wait4(proc.pid, flags)
@@ -377,12 +448,12 @@ def _supervise(
         return bool(pid)
 
     try:
-        while open_fds or not exited:
+        while open_fds or not exited or (init_fd is not None and not init_gone):
             now = time.monotonic()
             if seen.reason is None and now >= deadline:
                 seen.reason = "timeout"
             if seen.reason is not None and give_up is None:
-                _kill(proc)
+                _kill(proc, init_fd, bwrap=False)
                 give_up = now + GRACE_SECONDS
             if give_up is not None and now >= give_up:
                 break
@@ -395,6 +466,10 @@ def _supervise(
                     exited = reap(0)
                     poller.unregister(pidfd)
                     continue
+                if fd == init_fd:
+                    init_gone = True
+                    poller.unregister(init_fd)
+                    continue
                 data = os.read(fd, 65536)
                 if not data:
                     poller.unregister(fd)
@@ -403,15 +478,26 @@ def _supervise(
                 room = keep[fd] - len(bufs[fd])
                 if room > 0:
                     bufs[fd] += data[:room]
-                if fd != status_r:
-                    read_total += len(data)
-                    if read_total > lim.max_output_bytes and seen.reason is None:
-                        seen.reason = "output_limit"
+                if fd == info_r:
+                    if init_fd is None and (init_fd := _open_init(bytes(bufs[fd]), proc.pid)) is not None:
+                        poller.register(init_fd, select.POLLIN)
+                        if give_up is not None:  # killed before bwrap said who its child was
+                            _kill(proc, init_fd, bwrap=False)
+                    continue
+                read_total += len(data)  # the status pipe counts too: it is the program's to write
+                if read_total > lim.max_output_bytes and seen.reason is None:
+                    seen.reason = "output_limit"
     finally:
+        # also on the way out of an exception (an interrupt in the trainer): nothing may outlive the call
+        if not exited or (init_fd is not None and not init_gone):
+            _kill(proc, init_fd, bwrap=True)
+        if init_fd is not None:
+            if not init_gone:  # SIGKILLed; its namespace is empty when it is gone
+                select.select([init_fd], [], [], GRACE_SECONDS)
+            os.close(init_fd)
         if pidfd is not None:
             os.close(pidfd)
         if not exited:
-            _kill(proc)
             try:  # SIGKILLed: it is gone or going; reap it if it is, never wait on it
                 reap(os.WNOHANG)
             except ChildProcessError:
@@ -429,20 +515,49 @@ def _text(data: bytes, limit: int) -> str:
     return text
 
 
+def parse_status(raw: bytes) -> tuple[list[str], str | None, str | None]:
+    """The runner's status report: (refused operations, the exception the code ended with, None),
+    or ([], None, what is wrong with it) when it is not the runner's format.
+
+    The program can write this pipe too, so the parse trusts nothing: every line must be
+    ``refused TEXT`` (``TEXT`` one ASCII line in ``unicode_escape``) or one final ``end NAME``
+    (an identifier, or ``-``); there is no nesting and no type to confuse. A report may stop
+    short of ``end`` (the program was killed, or left by ``os._exit``)."""
+    if len(raw) > STATUS_CAP:
+        return [], None, f"longer than {STATUS_CAP} bytes"
+    refused: list[str] = []
+    exception, ended = None, False
+    lines = raw.split(b"\n")
+    if lines[-1]:
+        return [], None, f"a cut-off last line {bytes(lines[-1][:40])!r}"
+    for n, line in enumerate(lines[:-1], 1):
+        kind, _, rest = line.partition(b" ")
+        ok = not ended and rest.isascii() and rest != b""
+        if ok and kind == b"refused":
+            try:
+                text = rest.decode("unicode_escape")
+            except ValueError:
+                ok = False
+            else:
+                refused.append(text)
+        elif ok and kind == b"end" and (rest == b"-" or rest.decode().isidentifier()):
+            exception, ended = (None if rest == b"-" else rest.decode()), True
+        else:
+            ok = False
+        if not ok:
+            return [], None, f"line {n} is not a status line: {bytes(line[:40])!r}"
+    return refused[:100], exception, None
+
+
 def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
-    """The run's status. Timeouts, CPU and output limits come from the parent's own observation
-    (its clock, the kernel's CPU account of the process tree, the bytes it read). Refusals and a
-    ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the runner's report on its own pipe, never
-    from the program's output; a program that takes over its interpreter can write that pipe too,
-    so it can claim those (a count in the metrics), never a limit the parent did not see."""
-    try:
-        status = json.loads(seen.status.decode() or "{}")
-    except ValueError:
-        status = {}
-    if not isinstance(status, dict):
-        status = {}
-    refused = [str(r) for r in status.get("refused") or [] if isinstance(r, str)][:100]
-    exception = status.get("exception") if isinstance(status.get("exception"), str) else None
+    """The run's status. Timeouts, CPU and output limits and the exit code come from the parent's
+    own observation (its clock, the kernel's CPU account of the process tree, the bytes it read,
+    bwrap's exit status). Refusals and a ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the
+    runner's report on its own pipe, never from the program's output; a program that takes over
+    its interpreter can write that pipe too, so it can claim those (a count in the metrics), never
+    a limit the parent did not see, and a report that is not the runner's format is set aside
+    (``status_problem`` says why)."""
+    refused, exception, problem = parse_status(seen.status)
     ws = seen.wait_status
     rc = None if ws is None else os.waitstatus_to_exitcode(ws)
     # bwrap exits 128+N when the program dies of signal N
@@ -472,4 +587,5 @@ def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResul
         exception,
         seconds,
         seen.cpu,
+        problem,
     )
