@@ -30,15 +30,18 @@ FILTER = [pytest.param(True, id="filter"), pytest.param(False, id="filter-off")]
 
 # {marker}: the name it takes; {then}: how it holds on after it has cut its ties
 ORPHAN = """\
-import ctypes, os, sys, time
+import ctypes, os, signal, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(1, 0, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, 0: no signal when bwrap dies
     print('pdeathsig kept: errno', ctypes.get_errno())
 sig = ctypes.c_int(-1)
 libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
 print('pdeathsig now', sig.value)
+signal.signal(signal.SIGUSR1, lambda *a: None)
+signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
 libc.prctl(15, b'{marker}', 0, 0, 0)  # PR_SET_NAME: the host finds it by this
-print('named', flush=True)
+signal.sigwait({{signal.SIGUSR1}})  # the host has seen it, and says so
+print('seen by the host', flush=True)
 def cut_ties():
     for fd in range(0, 64):
         try:
@@ -88,9 +91,13 @@ def kill_leftovers(marker: str) -> None:
             pass
 
 
-def _watch(marker: str, seen: list[int], done: threading.Event) -> None:
-    while not done.is_set() and not seen:
-        seen.extend(marked(marker))
+def _watch(marker: str, done: threading.Event) -> None:
+    """Tell the program once the host sees it by its marker: the check after the call then
+    proves something."""
+    while not done.is_set():
+        for pid in marked(marker):
+            os.kill(pid, signal.SIGUSR1)
+            return
         time.sleep(0.02)
 
 
@@ -102,21 +109,19 @@ def test_an_orphan_does_not_outlive_its_call(ends_in, syscall_filter):
     lim = SandboxLimits(
         cpu_seconds=30, memory_mb=256, wall_seconds=4.0, audit_hook=False, syscall_filter=syscall_filter
     )
-    seen: list[int] = []
     done = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(marker, seen, done))
+    watcher = threading.Thread(target=_watch, args=(marker, done))
     watcher.start()
     try:
         res = run_python(code, lim)
         done.set()
         watcher.join()
-        assert "named" in res.stdout, (res.status, res.stdout, res.stderr)
+        assert "seen by the host" in res.stdout, (res.status, res.stdout, res.stderr)
         assert res.status == ends_in, (res.status, res.stdout, res.stderr)
         if syscall_filter:  # the filter keeps the tie: prctl fails with EPERM
             assert res.stdout.startswith("pdeathsig kept: errno 1\npdeathsig now 9\n"), res.stdout
         else:  # the tie is cut; only the supervisor's own kill of the sandbox's PID 1 is left
             assert res.stdout.startswith("pdeathsig now 0\n"), res.stdout
-        assert seen, "the host never saw the program: the check below would prove nothing"
         assert marked(marker) == [], "the sandboxed program outlived run_python"
     finally:
         done.set()
@@ -126,7 +131,7 @@ def test_an_orphan_does_not_outlive_its_call(ends_in, syscall_filter):
 
 # A trainer stand-in: runs the orphan through the tool and says when the host can see it.
 TRAINER = """\
-import os, sys, threading, time
+import os, signal, sys, threading, time
 sys.path[:0] = [{tests!r}]
 from dapo.tools.sandbox import SandboxLimits, run_python
 from test_tools_sandbox_lifetime import ORPHAN, marked
@@ -134,6 +139,7 @@ marker, syscall_filter = sys.argv[1], sys.argv[2] == '1'
 def announce():
     while not marked(marker):
         time.sleep(0.02)
+    os.kill(marked(marker)[0], signal.SIGUSR1)
     print('running', marked(marker)[0], flush=True)
 threading.Thread(target=announce, daemon=True).start()
 lim = SandboxLimits(cpu_seconds=30, wall_seconds=600.0, audit_hook=False, syscall_filter=syscall_filter)

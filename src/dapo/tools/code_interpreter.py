@@ -96,6 +96,8 @@ class CodeInterpreterTool(BaseTool):
             )
         text = "\n".join(parts) if parts else "(no output)"
         metrics: dict[str, Any] = {"status": res.status, "seconds": round(res.seconds, 3)}
+        if res.status_problem:  # the program wrote to its status pipe; the verdict above is the parent's
+            metrics["status_problem"] = res.status_problem
         if res.refused:
             metrics["error"] = "sandbox_refused"
             metrics["refused"] = list(res.refused)
