@@ -5,14 +5,18 @@ network, IPC and UTS namespaces, as an unprivileged user with no capabilities, t
 only a read-only view of the interpreter (its prefix without site-packages, ``/usr``) and an
 empty size-limited tmpfs work directory ``/box``; with a cleared environment, no inherited
 descriptors, ``/proc`` of its own PID namespace, a seccomp filter (no new processes, no
-ptrace, no mounts or namespaces; :mod:`dapo.tools._seccomp`) and CPU, memory and file-size
-limits. The parent supervises it with a deadline: it reads the output pipes without
-blocking, caps what it keeps, and at the deadline (or when the output passes its cap) kills
-bwrap, whose death kills the namespace and every process in it.
+ptrace, no mounts or namespaces, no clearing of the parent-death signal, no sockets but unix
+and IP ones; :mod:`dapo.tools._seccomp`) and CPU, memory and file-size limits. The parent
+supervises it with a deadline: it reads the output pipes without blocking, caps what it
+keeps, and at the deadline (or when the output passes its cap) kills the program, PID 1 of
+its namespace, through a pidfd (its death kills every process in the namespace), and returns
+only once it is gone. If the trainer dies first, bwrap dies with it and the program with
+bwrap (parent-death signals the filter does not let the program clear).
 
 Timeouts, CPU and output limits are decided here, from what the parent observed (its own
 clock, the bytes it read, the CPU time the kernel reports for the process tree), never from
-what the program printed. When the trainer runs as root, bwrap runs as ``nobody``: the
+what the program printed; the runner's report (refusals, the exception it ended with) is
+parsed as untrusted input. When the trainer runs as root, bwrap runs as ``nobody``: the
 sandbox's user maps to the user that starts bwrap, and root outside would pass every
 permission check on what the sandbox can see (``/proc/sys`` is root-writable). Refusals come from the in-process audit hook
 (:mod:`dapo.tools._sandbox_runner`), a second layer that turns common forbidden calls into a
@@ -30,10 +34,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
-import re
-import select
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -43,13 +44,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from dapo.tools._sandbox_supervise import STATUS_CAP, Observed, supervise
 from dapo.tools._seccomp import filter_program
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 BOX = "/box"  # the work directory inside the sandbox
 INNER_RUNNER = "/sandbox/runner.py"
-GRACE_SECONDS = 2.0  # after a kill, how long to wait for the pipes to close and bwrap to exit
-STATUS_CAP = 1 << 16
 NOBODY = 65534
 # installed packages under an interpreter's prefix, hidden behind an empty directory
 _SITE_DIRS = (
@@ -97,18 +97,6 @@ class SandboxResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-@dataclass
-class _Observed:
-    """What the parent saw of one run."""
-
-    out: bytes = b""
-    err: bytes = b""
-    status: bytes = b""
-    wait_status: int | None = None
-    cpu: float = 0.0
-    reason: str | None = None  # timeout | output_limit: the parent killed it
 
 
 # ------------------------------------------------------------------ the OS boundary
@@ -175,7 +163,7 @@ def bwrap_argv(
 ) -> list[str] | None:
     """The bwrap command line, or None when no interpreter is readable by the sandbox user.
 
-    ``info_fd`` gets bwrap's report of the sandbox's pid (see :func:`_open_init`)."""
+    ``info_fd`` gets bwrap's report of the sandbox's pid (see :mod:`dapo.tools._sandbox_supervise`)."""
     feats = _bwrap_features() or frozenset()
     interp = _interpreter(_runs_as() is not None)
     if interp is None:
@@ -334,7 +322,8 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         for fd in (*passed, out_w, err_w):  # the child holds the only write ends now
             os.close(fd)
             fds.remove(fd)
-        seen = _supervise(proc, out_r, err_r, status_r, info_r, t0 + float(lim.wall_seconds), lim)
+        caps = (int(lim.max_output_chars) * 4 + 4, int(lim.max_output_bytes))
+        seen = supervise(proc, out_r, err_r, status_r, info_r, t0 + float(lim.wall_seconds), *caps)
     finally:
         for fd in fds:
             try:
@@ -344,168 +333,6 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         if box:
             shutil.rmtree(box, ignore_errors=True)
     return _result(seen, lim, time.monotonic() - t0)
-
-
-# How the sandbox is made to end with its call. The program is PID 1 of its namespace
-# (--as-pid-1): when it dies the kernel kills everything else in the namespace, and its death is
-# complete only once they are gone. So killing it, and waiting for it, is enough. bwrap reports
-# its host pid on --info-fd; the supervisor holds a pidfd on it (no pid reuse can redirect the
-# kill) and SIGKILLs it through that pidfd, then bwrap. This needs no privilege beyond the
-# sandbox's own user (root's child runs as nobody, a non-root trainer's as itself, and a setuid
-# bwrap drops to the caller before the program runs), unlike a cgroup, which a non-root trainer
-# usually cannot create. Killing bwrap alone is not enough: the program's parent-death signal
-# (set by --die-with-parent) is all that ties it to bwrap, and the program could clear it if the
-# seccomp filter did not refuse that. That signal is still the way the sandbox dies with a
-# trainer killed outright (SIGKILL, the OOM killer): the trainer's death kills bwrap
-# (--die-with-parent), and bwrap's death the program.
-_CHILD_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\D')
-
-
-def _open_init(info: bytes, bwrap_pid: int) -> int | None:
-    """A pidfd on the sandbox's PID 1, from bwrap's ``--info-fd`` report, or None if it is gone.
-
-    The pid is checked to be bwrap's child while the pidfd is held: had it exited and been
-    reaped (its namespace gone with it) and the pid been reused, the check fails."""
-    m = _CHILD_PID.search(info)
-    if m is None:
-        return None
-    pid = int(m[1])
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:  # gone already, or a kernel without pidfds (< 5.3): bwrap's death kills it
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name before ")" may hold anything
-        try:
-            signal.pidfd_send_signal(fd, 0)  # still alive, so /proc described this process
-        except PermissionError:
-            pass  # a setuid bwrap's child before it drops to the caller: alive all the same
-        if ppid == bwrap_pid:
-            return fd
-    except (OSError, ValueError, IndexError):
-        pass
-    os.close(fd)
-    return None
-
-
-def _kill(proc: subprocess.Popen, init_fd: int | None, bwrap: bool) -> None:
-    """SIGKILL the sandbox's PID 1 (and so its namespace), and with ``bwrap`` bwrap's process group.
-
-    Left alone, bwrap reaps its dead child and exits; killed with it, the child is left to the
-    host's init to reap, a zombie for a while."""
-    kills = [lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)]
-    if init_fd is not None:
-        try:
-            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
-        except OSError:  # gone already; or not ours to signal yet (setuid bwrap): bwrap's death kills it
-            bwrap = True
-    for kill in kills if bwrap or init_fd is None else ():
-        try:
-            kill()
-        except OSError:
-            pass
-
-
-def _supervise(
-    proc: subprocess.Popen,
-    out_r: int,
-    err_r: int,
-    status_r: int,
-    info_r: int | None,
-    deadline: float,
-    lim: SandboxLimits,
-) -> _Observed:
-    """Read the pipes and wait for bwrap and the sandbox's PID 1 to be gone, never blocking past
-    the deadline (+ grace)."""
-    seen = _Observed()
-    keep = {
-        out_r: int(lim.max_output_chars) * 4 + 4,
-        err_r: int(lim.max_output_chars) * 4 + 4,
-        status_r: STATUS_CAP + 1,  # one more byte: to tell a status at the cap from a longer one
-    }
-    bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
-    if info_r is not None:
-        keep[info_r], bufs[info_r] = 4096, bytearray()
-    read_total = 0
-    try:
-        pidfd: int | None = os.pidfd_open(proc.pid)  # readable when the process exits
-    except OSError:  # Linux < 5.3: poll the process every 50 ms instead
-        pidfd = None
-    init_fd: int | None = None  # the sandbox's PID 1, once bwrap has said which it is
-    poller = select.poll()
-    for fd in (out_r, err_r, status_r, info_r, pidfd):
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-    open_fds = set(bufs)
-    exited, init_gone, give_up = False, False, None
-
-    def reap(flags: int) -> bool:
-        pid, wait_status, usage = os.wait4(proc.pid, flags)
-        if pid:
-            seen.wait_status = wait_status
-            seen.cpu = usage.ru_utime + usage.ru_stime
-        return bool(pid)
-
-    try:
-        while open_fds or not exited or (init_fd is not None and not init_gone):
-            now = time.monotonic()
-            if seen.reason is None and now >= deadline:
-                seen.reason = "timeout"
-            if seen.reason is not None and give_up is None:
-                _kill(proc, init_fd, bwrap=False)
-                give_up = now + GRACE_SECONDS
-            if give_up is not None and now >= give_up:
-                break
-            wait_s = (give_up if give_up is not None else deadline) - now
-            if pidfd is None and not exited:
-                wait_s = min(wait_s, 0.05)
-                exited = reap(os.WNOHANG)
-            for fd, _ in poller.poll(max(0.0, wait_s) * 1000 + 1):
-                if fd == pidfd:
-                    exited = reap(0)
-                    poller.unregister(pidfd)
-                    continue
-                if fd == init_fd:
-                    init_gone = True
-                    poller.unregister(init_fd)
-                    continue
-                data = os.read(fd, 65536)
-                if not data:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                room = keep[fd] - len(bufs[fd])
-                if room > 0:
-                    bufs[fd] += data[:room]
-                if fd == info_r:
-                    if init_fd is None and (init_fd := _open_init(bytes(bufs[fd]), proc.pid)) is not None:
-                        poller.register(init_fd, select.POLLIN)
-                        if give_up is not None:  # killed before bwrap said who its child was
-                            _kill(proc, init_fd, bwrap=False)
-                    continue
-                read_total += len(data)  # the status pipe counts too: it is the program's to write
-                if read_total > lim.max_output_bytes and seen.reason is None:
-                    seen.reason = "output_limit"
-    finally:
-        # also on the way out of an exception (an interrupt in the trainer): nothing may outlive the call
-        if not exited or (init_fd is not None and not init_gone):
-            _kill(proc, init_fd, bwrap=True)
-        if init_fd is not None:
-            if not init_gone:  # SIGKILLed; its namespace is empty when it is gone
-                select.select([init_fd], [], [], GRACE_SECONDS)
-            os.close(init_fd)
-        if pidfd is not None:
-            os.close(pidfd)
-        if not exited:
-            try:  # SIGKILLed: it is gone or going; reap it if it is, never wait on it
-                reap(os.WNOHANG)
-            except ChildProcessError:
-                pass
-    if seen.wait_status is not None:
-        proc.returncode = os.waitstatus_to_exitcode(seen.wait_status)
-    seen.out, seen.err, seen.status = bytes(bufs[out_r]), bytes(bufs[err_r]), bytes(bufs[status_r])
-    return seen
 
 
 def _text(data: bytes, limit: int) -> str:
@@ -549,7 +376,7 @@ def parse_status(raw: bytes) -> tuple[list[str], str | None, str | None]:
     return refused[:100], exception, None
 
 
-def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
+def _result(seen: Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
     """The run's status. Timeouts, CPU and output limits and the exit code come from the parent's
     own observation (its clock, the kernel's CPU account of the process tree, the bytes it read,
     bwrap's exit status). Refusals and a ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the
