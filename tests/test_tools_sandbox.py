@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dapo.config.load import load_config
 from dapo.config.validate import validate
@@ -223,3 +225,189 @@ def test_seccomp_syscall_numbers_match_the_kernel_headers(arch):
     }
     ours = {**_seccomp._UNIFIED, **_seccomp._TABLES[arch][1]}
     assert {k: defined.get(k) for k in ours} == ours
+
+
+# A refusal's traceback holds the audit hook's frames: swap the code of every function they show
+# (the hook's helpers once sat there in its closure), rewrite their cells, clear their globals
+# (the runner's), patch builtins and os, then try what the hook exists to refuse.
+HOOK_ATTACK = """\
+import builtins, os, sys
+Refusal, Base, leave, out = PermissionError, BaseException, os._exit, sys.stdout
+def refusal():
+    try:
+        os.fork()
+    except PermissionError as e:
+        return e
+tb = refusal().__traceback__
+frames = []
+while tb is not None:
+    frames.append(tb.tb_frame)
+    tb = tb.tb_next
+def make_noop():
+    refused = None
+    def refuse(what):
+        return refused
+    return refuse
+noop = make_noop()
+names, swaps = set(), 0
+for frame in frames[1:]:
+    names.update(frame.f_locals)
+    for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+        if callable(value) and hasattr(value, '__code__'):
+            try:
+                value.__code__ = noop.__code__
+                swaps += 1
+            except (Refusal, ValueError):
+                pass
+        for cell in getattr(value, '__closure__', None) or ():
+            cell.cell_contents = None
+    for name in list(frame.f_globals):
+        frame.f_globals[name] = None
+    frame.f_locals.clear()
+print('hook frames:', len(frames) - 1, 'functions among their locals:', sorted(
+    k for f in frames[1:] for k, v in f.f_locals.items() if hasattr(v, '__code__')))
+print('code swaps that worked:', swaps)
+for name in ('isinstance', 'str', 'len', 'PermissionError', 'OSError'):
+    setattr(builtins, name, lambda *a, **k: 'x')
+os.write = lambda *a: 0
+for what, act in [('fork', lambda: os.fork()), ('import ctypes', lambda: __import__('ctypes')),
+                  ('import _testcapi', lambda: __import__('_testcapi')),
+                  ('write /usr', lambda: open('/usr/dapo-hook-test', 'w'))]:
+    try:
+        act()
+        print(what, 'ALLOWED')
+    except Refusal as e:
+        print(what, 'refused:', e)
+    except Base as e:
+        print(what, 'failed:', type(e).__name__)
+out.flush()
+leave(0)  # the runner's globals are gone: it cannot report its end, only what was refused
+"""
+
+
+@pytest.mark.parametrize("weak", MODES)
+def test_the_audit_hook_stays_on_after_its_frames_are_taken_apart(weak):
+    res = run_python(HOOK_ATTACK, SandboxLimits(cpu_seconds=10, memory_mb=256, wall_seconds=60.0), weak=weak)
+    lines = res.stdout.splitlines()
+    # the hook is one frame, and no function of its own is among its locals to be rewritten
+    assert lines[0].startswith(
+        "hook frames: 1 functions among their locals: ['_fsdecode', '_isdir', '_realpath']"
+    )
+    assert lines[1] == "code swaps that worked: 0", res.stdout
+    assert lines[2:5] == [
+        "fork refused: sandbox: not allowed to fork",
+        "import ctypes refused: sandbox: not allowed to import ctypes",
+        "import _testcapi refused: sandbox: not allowed to import _testcapi",
+    ], res.stdout
+    # the path check calls library code the patched builtins break: it fails closed
+    assert lines[5].startswith("write /usr ") and "ALLOWED" not in lines[5], res.stdout
+    assert not os.path.exists("/usr/dapo-hook-test")
+    # each refusal reached the parent as it happened, though the runner never reported its end
+    swaps = ["replace a function's code"] * res.refused.count("replace a function's code")
+    assert len(swaps) >= 3 and res.refused == ["fork", *swaps, "fork", "import ctypes", "import _testcapi"]
+    assert res.status == "refused" and res.status_problem is None
+
+
+def test_the_audit_hook_reads_no_global_builtin_or_closure_name():
+    """What a frame of the hook exposes is that call's copy of its defaults; nothing it looks up
+    by name can be patched from outside it (``builtins``, the runner's globals, closure cells)."""
+    import dis
+
+    from dapo.tools._sandbox_runner import make_guard
+
+    guard = make_guard("/box", 99)
+    ops = {i.opname for i in dis.get_instructions(guard)}
+    assert guard.__closure__ is None and guard.__code__.co_freevars == ()
+    assert not ops & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_CLASSDEREF"}, ops
+    with pytest.raises(PermissionError, match="not allowed to replace a function's code"):
+        guard("object.__setattr__", (len, "__code__", None))
+
+
+def _runner_line(text: str) -> bytes:
+    return b"refused " + text.encode("unicode_escape") + b"\n"  # as the runner writes it
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_any_status_bytes_parse_without_raising(raw):
+    refused, exception, problem = sandbox.parse_status(raw)
+    if problem is not None:
+        assert refused == [] and exception is None
+    else:
+        assert all(isinstance(r, str) for r in refused) and (exception is None or exception.isidentifier())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(min_size=1, max_size=40), max_size=8),
+    st.sampled_from([None, "MemoryError", "ValueError"]),
+)
+def test_the_runners_status_lines_round_trip(texts, exception):
+    raw = b"".join(map(_runner_line, texts)) + b"end " + (exception or "-").encode() + b"\n"
+    assert sandbox.parse_status(raw) == (texts, exception, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (b"[" * 60000, "a cut-off last line"),
+        (b'{"refused": 1}\n', "line 1 is not a status line"),
+        (b"end -\nend MemoryError\n", "line 2 is not a status line"),  # a second end: someone forged one
+        (b"refused fork\nend Memory Error\n", "line 2 is not a status line"),
+        (b"refused \\x\n", "line 1 is not a status line"),  # a bad escape
+        (b"refused caf\xc3\xa9\n", "line 1 is not a status line"),  # not ASCII
+        (b"refused fork\n" * 6000, "longer than 65536 bytes"),
+    ],
+)
+def test_a_malformed_status_is_set_aside_and_named(raw, problem):
+    refused, exception, said = sandbox.parse_status(raw)
+    assert (refused, exception) == ([], None) and said.startswith(problem), said
+
+
+# --- the seccomp filter, run by a classic-BPF interpreter over seccomp_data as the kernel builds it
+def _run_filter(prog: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    import struct
+
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *(list(args) + [0] * 6)[:6])
+    insns = [struct.unpack_from("=HBBI", prog, i) for i in range(0, len(prog), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x06:  # BPF_RET | BPF_K
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]  # JEQ, JGE, JSET
+            pc += 1 + (jt if taken else jf)
+
+
+ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_seccomp_refuses_clearing_the_parent_death_signal_and_foreign_socket_families(arch):
+    import errno
+
+    from dapo.tools import _seccomp
+
+    audit_arch, table = _seccomp._TABLES[arch]
+    prog = _seccomp.filter_program(arch)
+
+    def verdict(name: str, *args: int) -> int:
+        return _run_filter(prog, audit_arch, table[name], args)
+
+    assert verdict("prctl", 1, 0) == ERRNO | errno.EPERM  # PR_SET_PDEATHSIG, to anything
+    assert verdict("prctl", 1, 9) == ERRNO | errno.EPERM
+    assert verdict("prctl", 0x1_00000001, 0) == ERRNO | errno.EPERM  # the kernel reads an int
+    for option in (2, 15, 16, 38):  # PR_GET_PDEATHSIG, PR_SET_NAME, PR_GET_NAME, PR_SET_NO_NEW_PRIVS
+        assert verdict("prctl", option, 0) == ALLOW
+    for call in ("socket", "socketpair"):
+        for family in (1, 2, 10):  # AF_UNIX, AF_INET, AF_INET6
+            assert verdict(call, family, 1, 0) == ALLOW
+        for family in (0, 3, 16, 17, 31, 38, 40, 44, 255, 0x1_00000028):  # ..., AF_VSOCK as an int
+            assert verdict(call, family, 1, 0) == ERRNO | errno.EAFNOSUPPORT
+    assert verdict("clone", 0x00010000) == ALLOW and verdict("clone", 17) == ERRNO | errno.EAGAIN
+    assert _run_filter(prog, audit_arch, 0) == ALLOW  # read / io_setup: everything else runs
+    assert _run_filter(prog, audit_arch ^ 1, 0) == 0x80000000  # another architecture: killed

@@ -15,6 +15,8 @@ import os
 import platform
 import signal
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -355,13 +357,14 @@ def test_forged_status_on_the_status_pipe_cannot_claim_a_limit(host):
     or an output limit, which the parent sees for itself."""
     fields, hits, sockets = host
     code = (
-        'import os\nfake = b\'{"refused": ["fork"], "exception": "MemoryError"}\'\n'
+        "import os\nfake = b'refused fork\\nend MemoryError\\n'\n"
         "for fd in range(3, 64):\n    try:\n        os.write(fd, fake)\n    except OSError:\n        pass\n"
         "os._exit(137)\n"
     )
     res = run_python(code, SandboxLimits(**LIMITS, audit_hook=False))
     _assert_contained(res, fields, hits, sockets)
-    assert res.status in ("refused", "memory_limit") and res.cpu_seconds < 1
+    assert res.status == "memory_limit" and res.refused == ["fork"] and res.status_problem is None
+    assert res.returncode == 137 and res.cpu_seconds < 1
 
 
 def _comm_pids(marker: str) -> list[int]:
@@ -433,3 +436,97 @@ def test_memory_held_in_descriptors_is_bounded(host):
     _assert_contained(res, fields, hits, sockets)
     assert res.status == "ok" and res.stdout.startswith("stopped 24\n"), (res.stdout, res.stderr)
     assert 0 < int(res.stdout.split("held MiB ")[1]) < 64
+
+
+# what a program writes to its status pipe: the runner's format or not, it cannot change a verdict
+FORGED_STATUS = {
+    "deeply nested JSON": b"[" * 60000,
+    "a JSON status of the wrong type": b'{"refused": 1}\n',
+    "the runner's own lines, claiming a clean end": b"end -\n",
+    "more than the pipe may carry": b"refused fork\n" * 6000,
+}
+# how the program really ends, after writing it, and what the parent must say
+TRUE_ENDINGS = {
+    "timeout": "import time\ntime.sleep(3600)\n",
+    "output_limit": "while True:\n    os.write(1, b'y' * 65536)\n",
+}
+
+
+@pytest.mark.parametrize("ending", list(TRUE_ENDINGS))
+@pytest.mark.parametrize("forged", list(FORGED_STATUS))
+def test_a_forged_status_does_not_change_the_verdict(forged, ending, host):
+    """With the guard on (writing to a descriptor is allowed), the program writes to its status
+    pipe, then runs into a limit. run_python returns, with the limit the parent saw; a status
+    that is not the runner's format is set aside and the result says why."""
+    fields, hits, sockets = host
+    code = (
+        f"import os, sys\nos.write(int(sys.argv[8]), {FORGED_STATUS[forged]!r})\n"
+        f"print('written', flush=True)\n{TRUE_ENDINGS[ending]}"
+    )
+    lim = SandboxLimits(**{**LIMITS, "wall_seconds": 3.0, "max_output_chars": 100})
+    res = run_python(code, lim)
+    _assert_contained(res, fields, hits, sockets)
+    assert res.stdout.startswith("written\n"), (res.status, res.stdout, res.stderr)
+    assert res.status == ending and res.refused == [] and res.exception is None
+    if forged == "the runner's own lines, claiming a clean end":
+        assert res.status_problem is None
+    else:
+        assert res.status_problem is not None, res
+
+
+def test_the_code_tool_reports_the_limit_behind_a_forged_status():
+    """The tool's verdict, as the rollout counts it: the timeout, not a tool error."""
+    from dapo.tools import CodeInterpreterTool
+
+    tool = CodeInterpreterTool(config={"wall_seconds": 3.0, "cpu_seconds": 30})
+    code = "import os, sys, time\nos.write(int(sys.argv[8]), b'[' * 60000)\ntime.sleep(3600)\n"
+    r = tool.execute(tool.create(), {"code": code})
+    assert r.metrics["error"] == "sandbox_timeout" and r.metrics["status"] == "timeout", r.metrics
+    assert r.metrics["status_problem"].startswith("a cut-off last line b'[[["), r.metrics
+    assert "wall-clock limit of 3.0s" in r.text
+
+
+SOCKET_FAMILIES = """\
+import errno, socket
+def make(family, kind):
+    try:
+        s = socket.socket(family, kind)
+    except PermissionError as e:
+        return 'refused' if 'sandbox: not allowed' in str(e) else 'EPERM'
+    except OSError as e:
+        return errno.errorcode.get(e.errno, e.errno)
+    s.close()
+    return 'created'
+for name, kind in [('AF_VSOCK', socket.SOCK_STREAM), ('AF_NETLINK', socket.SOCK_RAW),
+                   ('AF_PACKET', socket.SOCK_DGRAM), ('AF_BLUETOOTH', socket.SOCK_STREAM),
+                   ('AF_ALG', socket.SOCK_SEQPACKET), ('AF_UNIX', socket.SOCK_STREAM),
+                   ('AF_INET', socket.SOCK_STREAM), ('AF_INET6', socket.SOCK_DGRAM)]:
+    print(name, make(getattr(socket, name), kind))
+"""
+ALLOWED_FAMILIES = ("AF_UNIX", "AF_INET", "AF_INET6")
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["with-guard", "guard-off"])
+def test_socket_families_outside_the_network_namespace_cannot_be_created(guard):
+    """vsock (a VM's line to its hypervisor), netlink, packet, bluetooth and the kernel's crypto
+    sockets are not covered by the network namespace; only unix and IP sockets may be made. The
+    same program on the host shows which families this machine has (those the kernel lacks fail
+    there too, with the same errno)."""
+    res = run_python(SOCKET_FAMILIES, SandboxLimits(**LIMITS, audit_hook=guard))
+    inside = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert len(inside) == 8, (res.status, res.stdout, res.stderr)
+    if guard:
+        assert res.status == "refused" and all(v == "refused" for v in inside.values()), inside
+        return
+    assert res.status == "ok", (res.status, res.stdout, res.stderr)
+    assert {k: v for k, v in inside.items() if k in ALLOWED_FAMILIES} == dict.fromkeys(
+        ALLOWED_FAMILIES, "created"
+    )
+    assert {v for k, v in inside.items() if k not in ALLOWED_FAMILIES} == {"EAFNOSUPPORT"}, inside
+    on_host = subprocess.run(
+        [sys.executable, "-c", SOCKET_FAMILIES], capture_output=True, text=True, timeout=60
+    )
+    host_has = dict(line.split(" ", 1) for line in on_host.stdout.splitlines())
+    assert host_has["AF_NETLINK"] == "created", (
+        on_host
+    )  # every Linux has netlink: the filter is what stops it

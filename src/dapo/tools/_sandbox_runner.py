@@ -2,8 +2,9 @@
 
 argv: work_dir cpu_seconds memory_bytes file_bytes max_processes max_open_files code_fd status_fd
 audit(0|1).
-The code is read from ``code_fd``; a JSON status (refused operations, the exception raised) goes
-to ``status_fd``. Every other descriptor is closed first. Not imported by the trainer: it only
+The code is read from ``code_fd``. The status goes to ``status_fd``, one line each: ``refused
+TEXT`` for every refused operation as it happens (``TEXT`` in Python's ``unicode_escape``, so it is
+one ASCII line), then ``end NAME`` (the exception the code ended with, ``-`` for none). Every other descriptor is closed first. Not imported by the trainer: it only
 uses the standard library.
 
 The audit hook is the second layer, behind the OS sandbox: it turns the common forbidden
@@ -12,7 +13,6 @@ is not a boundary: a determined program can get around it, which is why the pare
 limit hits from its own observation and the OS sandbox holds the line.
 """
 
-import json
 import os
 import resource
 import signal
@@ -49,6 +49,8 @@ REFUSED_EVENTS = {
     "gc.get_referents": "walk the heap",
 }
 REFUSED_IMPORTS = {"_posixsubprocess", "_ctypes", "ctypes", "multiprocessing", "_multiprocessing"}
+# CPython's test modules (_testcapi, _testinternalcapi, ...) poke at raw memory and internals
+REFUSED_IMPORT_PREFIXES = ("_test", "_xxtest", "_ctypes")
 # events whose arguments name paths that must stay inside the sandbox directory:
 # event -> (how many leading path arguments, whether the last argument is a dir_fd)
 PATH_EVENTS = {
@@ -73,52 +75,93 @@ PATH_EVENTS = {
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def make_guard(box: str, refused: list):
-    """The audit hook; its tables are frozen into the closure, out of reach of ``__main__``."""
-    events = types.MappingProxyType(dict(REFUSED_EVENTS))
-    imports = frozenset(REFUSED_IMPORTS)
-    path_events = types.MappingProxyType(dict(PATH_EVENTS))
-    realpath, fsdecode, isdir, sep = os.path.realpath, os.fsdecode, os.path.isdir, os.sep
+def make_guard(box: str, status_fd: int):
+    """The audit hook. It records each refusal on the status pipe as it happens (a program cannot
+    take one back) and raises ``PermissionError``.
 
-    def inside(path: object, relative_to_fd: bool = False) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor
-        if isinstance(path, bytes):
-            path = fsdecode(path)
-        if not isinstance(path, str):
-            return False
-        if path.startswith("file:") or (relative_to_fd and not path.startswith(sep)):
-            return False  # a URI, or relative to a directory descriptor: cannot tell where it lands
-        full = realpath(path)  # relative paths resolve against the current directory
-        return full == box or full.startswith(box + sep)
+    A refusal's traceback holds the hook's frame, and through it the frame's locals and globals.
+    So the hook has no closure (cells can be rewritten) and reads no global or builtin name
+    (``builtins`` and this module can be patched): everything it uses is bound as a keyword
+    default when it is made, and a frame holds only that call's copies. The function object is
+    referenced only by the interpreter's hook list, and replacing any function's ``__code__``
+    (the helpers it calls are ordinary library functions) is itself refused."""
 
-    def refuse(what: str) -> None:
-        refused.append(what)
-        raise PermissionError(f"sandbox: not allowed to {what}")
-
-    def guard(event: str, args: tuple) -> None:
-        if event in events:
-            refuse(events[event])
+    def guard(
+        event,
+        args,
+        *,
+        _events=types.MappingProxyType(dict(REFUSED_EVENTS)),
+        _imports=frozenset(REFUSED_IMPORTS),
+        _import_prefixes=REFUSED_IMPORT_PREFIXES,
+        _path_events=types.MappingProxyType(dict(PATH_EVENTS)),
+        _box=box,
+        _sep=os.sep,
+        _fd=status_fd,
+        _write_flags=WRITE_FLAGS,
+        _realpath=os.path.realpath,
+        _fsdecode=os.fsdecode,
+        _isdir=os.path.isdir,
+        _write=os.write,
+        _str=str,
+        _bytes=bytes,
+        _int=int,
+        _bool=bool,
+        _len=len,
+        _isinstance=isinstance,
+        _refusal=PermissionError,
+        _oserror=OSError,
+    ):
+        what = None
+        if event in _events:
+            what = _events[event]
         elif event == "import":
-            if args and str(args[0]).split(".")[0] in imports:
-                refuse(f"import {args[0]}")
-        elif event == "open":
-            path, mode, flags = (list(args) + [None, None, None])[:3]
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & WRITE_FLAGS
-            )
-            if not inside(path):
-                if writes:
-                    refuse(f"write outside its directory ({path})")
-                if isinstance(flags, int) and isinstance(path, (str, bytes)) and isdir(path):
-                    refuse(f"open a directory outside its directory ({path})")  # a dir_fd for openat
-        elif event in path_events:
-            n, has_dir_fd = path_events[event]
-            dir_fd = args[-1] if has_dir_fd and len(args) > n else None
-            by_fd = isinstance(dir_fd, int) and not isinstance(dir_fd, bool)
-            for path in args[:n]:
-                if path != ":memory:" and not inside(path, by_fd):
-                    refuse(f"{event} outside its directory ({path})")
+            top = _str(args[0]).split(".")[0] if args else ""
+            if top in _imports or top.startswith(_import_prefixes):
+                what = f"import {args[0]}"
+        elif event == "object.__setattr__":
+            if _len(args) > 1 and args[1] == "__code__":
+                what = "replace a function's code"
+        elif event == "open" or event in _path_events:
+            if event == "open":
+                path, mode, flags = (args + (None, None, None))[:3]
+                paths, by_fd = args[:1], False
+                writes = (
+                    _isinstance(mode, _str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
+                ) or (_isinstance(flags, _int) and flags & _write_flags)
+            else:
+                n, has_dir_fd = _path_events[event]
+                dir_fd = args[-1] if has_dir_fd and _len(args) > n else None
+                paths, by_fd = args[:n], _isinstance(dir_fd, _int) and not _isinstance(dir_fd, _bool)
+            for given in paths:
+                path = _fsdecode(given) if _isinstance(given, _bytes) else given
+                if _isinstance(path, _int) or path == ":memory:":
+                    continue  # an already-open descriptor; sqlite's in-memory database
+                if (
+                    not _isinstance(path, _str)
+                    or path.startswith("file:")
+                    or (by_fd and not path.startswith(_sep))
+                ):
+                    inside = False  # a URI, or relative to a directory descriptor: cannot tell where it lands
+                else:
+                    full = _realpath(path)  # relative paths resolve against the current directory
+                    inside = full == _box or full.startswith(_box + _sep)
+                if inside:
+                    continue
+                if event != "open":
+                    what = f"{event} outside its directory ({given})"
+                elif writes:
+                    what = f"write outside its directory ({given})"
+                elif _isinstance(flags, _int) and _isinstance(given, (_str, _bytes)) and _isdir(given):
+                    what = f"open a directory outside its directory ({given})"  # a dir_fd for openat
+                if what is not None:
+                    break
+        if what is None:
+            return
+        try:
+            _write(_fd, b"refused " + what.encode("unicode_escape") + b"\n")
+        except _oserror:
+            pass  # the program closed its status pipe: the refusal still stands
+        raise _refusal(f"sandbox: not allowed to {what}")
 
     return guard
 
@@ -141,12 +184,11 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
-    refused: list[str] = []
     # the code's __main__ is a fresh module, not this runner (whose globals hold the tables)
     module = types.ModuleType("__main__")
     sys.modules["__main__"] = module
     if audit:
-        sys.addaudithook(make_guard(box, refused))
+        sys.addaudithook(make_guard(box, status_fd))
     exc_name = None
     try:
         exec(compile(code, "<code>", "exec"), module.__dict__)
@@ -163,8 +205,10 @@ def main() -> None:
             sys.stderr.flush()
         except OSError:
             pass
+        if exc_name is not None and not (exc_name.isascii() and exc_name.isidentifier()):
+            exc_name = "Exception"  # a class name the status line could not carry
         try:
-            os.write(status_fd, json.dumps({"refused": refused, "exception": exc_name}).encode())
+            os.write(status_fd, b"end " + (exc_name or "-").encode() + b"\n")
         except OSError:
             pass
     os._exit(1 if exc_name else 0)

@@ -9,7 +9,15 @@ bubblewrap installs it on the sandboxed interpreter before ``exec``. It refuses:
   ``RLIMIT_AS``;
 * tracing and other processes' memory (``ptrace``, ``process_vm_*``, ``pidfd_getfd``);
 * mounts, namespaces, ``chroot``, keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``,
-  ``io_uring``, kernel modules, ``kexec`` and the like: kernel surface the code has no use for.
+  ``io_uring``, kernel modules, ``kexec`` and the like: kernel surface the code has no use for;
+* ``prctl(PR_SET_PDEATHSIG)`` (``EPERM``): bubblewrap sets the parent-death signal (SIGKILL)
+  just before it installs this filter, and that signal is what kills the sandbox when the
+  trainer dies without a chance to kill it (SIGKILL, the out-of-memory killer). A program that
+  cleared it would outlive the trainer as an orphan;
+* sockets of any family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``EAFNOSUPPORT``, as on a
+  kernel without that family). The network namespace isolates only those; ``AF_VSOCK`` reaches
+  the hypervisor of a VM, ``AF_NETLINK``, ``AF_PACKET``, ``AF_BLUETOOTH``, ``AF_ALG`` and the
+  rest are kernel surface or devices the code has no use for.
 
 Anything else is allowed. An architecture other than x86-64 or AArch64 gets no filter, and the
 sandbox reports that it cannot start (``filter_program`` returns None).
@@ -21,11 +29,15 @@ import errno
 import platform
 import struct
 
-# seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
+# seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]; _ARG0 is args[0]'s low
+# 32 bits on these (little-endian) machines
 _NR, _ARCH, _ARG0 = 0, 4, 16
 _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _ERRNO, _KILL = 0x7FFF0000, 0x00050000, 0x80000000
 _CLONE_THREAD = 0x00010000
+_PR_SET_PDEATHSIG = 1
+# socket families the sandbox may create: AF_UNIX, AF_INET, AF_INET6
+ALLOWED_FAMILIES = (1, 2, 10)
 _X32_BIT = 0x40000000
 
 _DENIED = (
@@ -59,6 +71,9 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "fork": 57,
             "vfork": 58,
             "clone": 56,
+            "prctl": 157,
+            "socket": 41,
+            "socketpair": 53,
             "ptrace": 101,
             "process_vm_readv": 310,
             "process_vm_writev": 311,
@@ -94,6 +109,9 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
         0xC00000B7,
         {
             "clone": 220,
+            "prctl": 167,
+            "socket": 198,
+            "socketpair": 199,
             "ptrace": 117,
             "process_vm_readv": 270,
             "process_vm_writev": 271,
@@ -149,6 +167,9 @@ def filter_program(machine: str | None = None) -> bytes | None:
             prog.append((_JEQ, "eagain", 0, nr[name]))
     prog.append((_JEQ, "clone", 0, nr["clone"]))
     prog.append((_JEQ, "enosys", 0, nr["clone3"]))
+    prog.append((_JEQ, "prctl", 0, nr["prctl"]))
+    prog.append((_JEQ, "socket", 0, nr["socket"]))
+    prog.append((_JEQ, "socket", 0, nr["socketpair"]))
     for name in _DENIED:
         prog.append((_JEQ, "eperm", 0, nr[name]))
     labels: dict[str, int] = {}
@@ -160,6 +181,11 @@ def filter_program(machine: str | None = None) -> bytes | None:
     prog.append((_RET, 0, 0, _ALLOW))
     label("clone", (_LD_ABS, 0, 0, _ARG0), (_JSET, "allow", 0, _CLONE_THREAD))
     label("eagain", (_RET, 0, 0, _ERRNO | errno.EAGAIN))
+    # the kernel reads prctl's option and socket's family as an int: the low 32 bits of the argument
+    label("prctl", (_LD_ABS, 0, 0, _ARG0), (_JEQ, "eperm", "allow", _PR_SET_PDEATHSIG))
+    label("socket", (_LD_ABS, 0, 0, _ARG0))
+    prog.extend((_JEQ, "allow", 0, fam) for fam in ALLOWED_FAMILIES)
+    prog.append((_RET, 0, 0, _ERRNO | errno.EAFNOSUPPORT))
     label("allow", (_RET, 0, 0, _ALLOW))
     label("eperm", (_RET, 0, 0, _ERRNO | errno.EPERM))
     label("enosys", (_RET, 0, 0, _ERRNO | errno.ENOSYS))

@@ -6,7 +6,9 @@ work directory, a seccomp filter) with CPU-time, memory, wall-clock and output l
 model sees stdout, then stderr (a traceback, a refusal), or a line that names the limit it
 hit. ``metrics["error"]`` names what went wrong so the rollout counts it:
 ``sandbox_refused``, ``sandbox_timeout``, ``sandbox_cpu_limit``, ``sandbox_memory_limit``,
-``sandbox_output_limit``, ``sandbox_killed`` or ``code_error``.
+``sandbox_output_limit``, ``sandbox_killed`` or ``code_error``. ``metrics["status_problem"]`` is
+there when the program wrote something other than the runner's report to its status pipe (the
+verdict is then the parent's alone).
 
 ``config`` keys: ``cpu_seconds``, ``memory_mb``, ``wall_seconds``, ``max_output_chars``,
 ``max_output_bytes``, ``disk_mb``, ``allow_weak_sandbox`` (default false: without a working
@@ -96,6 +98,8 @@ class CodeInterpreterTool(BaseTool):
             )
         text = "\n".join(parts) if parts else "(no output)"
         metrics: dict[str, Any] = {"status": res.status, "seconds": round(res.seconds, 3)}
+        if res.status_problem:  # the program wrote to its status pipe; the verdict above is the parent's
+            metrics["status_problem"] = res.status_problem
         if res.refused:
             metrics["error"] = "sandbox_refused"
             metrics["refused"] = list(res.refused)

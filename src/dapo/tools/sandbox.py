@@ -5,14 +5,18 @@ network, IPC and UTS namespaces, as an unprivileged user with no capabilities, t
 only a read-only view of the interpreter (its prefix without site-packages, ``/usr``) and an
 empty size-limited tmpfs work directory ``/box``; with a cleared environment, no inherited
 descriptors, ``/proc`` of its own PID namespace, a seccomp filter (no new processes, no
-ptrace, no mounts or namespaces; :mod:`dapo.tools._seccomp`) and CPU, memory and file-size
-limits. The parent supervises it with a deadline: it reads the output pipes without
-blocking, caps what it keeps, and at the deadline (or when the output passes its cap) kills
-bwrap, whose death kills the namespace and every process in it.
+ptrace, no mounts or namespaces, no clearing of the parent-death signal, no sockets but unix
+and IP ones; :mod:`dapo.tools._seccomp`) and CPU, memory and file-size limits. The parent
+supervises it with a deadline: it reads the output pipes without blocking, caps what it
+keeps, and at the deadline (or when the output passes its cap) kills the program, PID 1 of
+its namespace, through a pidfd (its death kills every process in the namespace), and returns
+only once it is gone. If the trainer dies first, bwrap dies with it and the program with
+bwrap (parent-death signals the filter does not let the program clear).
 
 Timeouts, CPU and output limits are decided here, from what the parent observed (its own
 clock, the bytes it read, the CPU time the kernel reports for the process tree), never from
-what the program printed. When the trainer runs as root, bwrap runs as ``nobody``: the
+what the program printed; the runner's report (refusals, the exception it ended with) is
+parsed as untrusted input. When the trainer runs as root, bwrap runs as ``nobody``: the
 sandbox's user maps to the user that starts bwrap, and root outside would pass every
 permission check on what the sandbox can see (``/proc/sys`` is root-writable). Refusals come from the in-process audit hook
 (:mod:`dapo.tools._sandbox_runner`), a second layer that turns common forbidden calls into a
@@ -28,12 +32,9 @@ the machine).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import platform
-import select
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -43,13 +44,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from dapo.tools._sandbox_supervise import STATUS_CAP, Observed, supervise
 from dapo.tools._seccomp import filter_program
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 BOX = "/box"  # the work directory inside the sandbox
 INNER_RUNNER = "/sandbox/runner.py"
-GRACE_SECONDS = 2.0  # after a kill, how long to wait for the pipes to close and bwrap to exit
-STATUS_CAP = 1 << 16
 NOBODY = 65534
 # installed packages under an interpreter's prefix, hidden behind an empty directory
 _SITE_DIRS = (
@@ -91,22 +91,12 @@ class SandboxResult:
     exception: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    # what was wrong with the runner's status report, which was then set aside (None: nothing)
+    status_problem: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-@dataclass
-class _Observed:
-    """What the parent saw of one run."""
-
-    out: bytes = b""
-    err: bytes = b""
-    status: bytes = b""
-    wait_status: int | None = None
-    cpu: float = 0.0
-    reason: str | None = None  # timeout | output_limit: the parent killed it
 
 
 # ------------------------------------------------------------------ the OS boundary
@@ -169,9 +159,11 @@ def _interpreter(as_other_user: bool) -> tuple[str, list[str], list[str]] | None
 
 
 def bwrap_argv(
-    lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int, runner_fd: int
+    lim: SandboxLimits, code_fd: int, status_fd: int, seccomp_fd: int, runner_fd: int, info_fd: int
 ) -> list[str] | None:
-    """The bwrap command line, or None when no interpreter is readable by the sandbox user."""
+    """The bwrap command line, or None when no interpreter is readable by the sandbox user.
+
+    ``info_fd`` gets bwrap's report of the sandbox's pid (see :mod:`dapo.tools._sandbox_supervise`)."""
     feats = _bwrap_features() or frozenset()
     interp = _interpreter(_runs_as() is not None)
     if interp is None:
@@ -180,6 +172,7 @@ def bwrap_argv(
     argv = [shutil.which("bwrap") or "bwrap"]
     argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
+    argv += ["--info-fd", str(info_fd)]
     argv += ["--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if "--disable-userns" in feats:
         argv.append("--disable-userns")
@@ -287,6 +280,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         err_r, err_w = os.pipe()
         fds += [status_r, status_w, out_r, out_w, err_r, err_w]
         passed = [code_fd, status_w]
+        info_r = None
         user: dict = {}
         if weak:
             argv = _weak_argv(box, lim, code_fd, status_w)
@@ -300,7 +294,10 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
                 seccomp_fd = _memfd("seccomp", program)
                 fds.append(seccomp_fd)
                 passed.append(seccomp_fd)
-            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd, runner_fd)
+            info_r, info_w = os.pipe()
+            fds += [info_r, info_w]
+            passed.append(info_w)
+            argv = bwrap_argv(lim, code_fd, status_w, seccomp_fd, runner_fd, info_w)
             if argv is None or program is None:
                 why = "no interpreter the sandbox user can read" if argv is None else "no seccomp filter here"
                 return SandboxResult("error", "", f"sandbox: cannot start: {why}", None)
@@ -325,7 +322,8 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
         for fd in (*passed, out_w, err_w):  # the child holds the only write ends now
             os.close(fd)
             fds.remove(fd)
-        seen = _supervise(proc, out_r, err_r, status_r, t0 + float(lim.wall_seconds), lim)
+        caps = (int(lim.max_output_chars) * 4 + 4, int(lim.max_output_bytes))
+        seen = supervise(proc, out_r, err_r, status_r, info_r, t0 + float(lim.wall_seconds), *caps)
     finally:
         for fd in fds:
             try:
@@ -337,91 +335,6 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, weak: bool = F
     return _result(seen, lim, time.monotonic() - t0)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill bwrap's process group; bwrap's death (die-with-parent) kills the namespace and all in it."""
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _supervise(
-    proc: subprocess.Popen, out_r: int, err_r: int, status_r: int, deadline: float, lim: SandboxLimits
-) -> _Observed:
-    """Read the three pipes and wait for the process, never blocking past the deadline (+ grace)."""
-    seen = _Observed()
-    keep = {
-        out_r: int(lim.max_output_chars) * 4 + 4,
-        err_r: int(lim.max_output_chars) * 4 + 4,
-        status_r: STATUS_CAP,
-    }
-    bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
-    read_total = 0
-    try:
-        pidfd: int | None = os.pidfd_open(proc.pid)  # readable when the process exits
-    except OSError:  # Linux < 5.3: poll the process every 50 ms instead
-        pidfd = None
-    poller = select.poll()
-    for fd in (out_r, err_r, status_r, pidfd):
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-    open_fds = {out_r, err_r, status_r}
-    exited, give_up = False, None
-
-    def reap(flags: int) -> bool:
-        pid, wait_status, usage = os.wait4(proc.pid, flags)
-        if pid:
-            seen.wait_status = wait_status
-            seen.cpu = usage.ru_utime + usage.ru_stime
-        return bool(pid)
-
-    try:
-        while open_fds or not exited:
-            now = time.monotonic()
-            if seen.reason is None and now >= deadline:
-                seen.reason = "timeout"
-            if seen.reason is not None and give_up is None:
-                _kill(proc)
-                give_up = now + GRACE_SECONDS
-            if give_up is not None and now >= give_up:
-                break
-            wait_s = (give_up if give_up is not None else deadline) - now
-            if pidfd is None and not exited:
-                wait_s = min(wait_s, 0.05)
-                exited = reap(os.WNOHANG)
-            for fd, _ in poller.poll(max(0.0, wait_s) * 1000 + 1):
-                if fd == pidfd:
-                    exited = reap(0)
-                    poller.unregister(pidfd)
-                    continue
-                data = os.read(fd, 65536)
-                if not data:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                room = keep[fd] - len(bufs[fd])
-                if room > 0:
-                    bufs[fd] += data[:room]
-                if fd != status_r:
-                    read_total += len(data)
-                    if read_total > lim.max_output_bytes and seen.reason is None:
-                        seen.reason = "output_limit"
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-        if not exited:
-            _kill(proc)
-            try:  # SIGKILLed: it is gone or going; reap it if it is, never wait on it
-                reap(os.WNOHANG)
-            except ChildProcessError:
-                pass
-    if seen.wait_status is not None:
-        proc.returncode = os.waitstatus_to_exitcode(seen.wait_status)
-    seen.out, seen.err, seen.status = bytes(bufs[out_r]), bytes(bufs[err_r]), bytes(bufs[status_r])
-    return seen
-
-
 def _text(data: bytes, limit: int) -> str:
     text = data.decode("utf-8", errors="replace")
     if len(text) > limit:
@@ -429,20 +342,49 @@ def _text(data: bytes, limit: int) -> str:
     return text
 
 
-def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
-    """The run's status. Timeouts, CPU and output limits come from the parent's own observation
-    (its clock, the kernel's CPU account of the process tree, the bytes it read). Refusals and a
-    ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the runner's report on its own pipe, never
-    from the program's output; a program that takes over its interpreter can write that pipe too,
-    so it can claim those (a count in the metrics), never a limit the parent did not see."""
-    try:
-        status = json.loads(seen.status.decode() or "{}")
-    except ValueError:
-        status = {}
-    if not isinstance(status, dict):
-        status = {}
-    refused = [str(r) for r in status.get("refused") or [] if isinstance(r, str)][:100]
-    exception = status.get("exception") if isinstance(status.get("exception"), str) else None
+def parse_status(raw: bytes) -> tuple[list[str], str | None, str | None]:
+    """The runner's status report: (refused operations, the exception the code ended with, None),
+    or ([], None, what is wrong with it) when it is not the runner's format.
+
+    The program can write this pipe too, so the parse trusts nothing: every line must be
+    ``refused TEXT`` (``TEXT`` one ASCII line in ``unicode_escape``) or one final ``end NAME``
+    (an identifier, or ``-``); there is no nesting and no type to confuse. A report may stop
+    short of ``end`` (the program was killed, or left by ``os._exit``)."""
+    if len(raw) > STATUS_CAP:
+        return [], None, f"longer than {STATUS_CAP} bytes"
+    refused: list[str] = []
+    exception, ended = None, False
+    lines = raw.split(b"\n")
+    if lines[-1]:
+        return [], None, f"a cut-off last line {bytes(lines[-1][:40])!r}"
+    for n, line in enumerate(lines[:-1], 1):
+        kind, _, rest = line.partition(b" ")
+        ok = not ended and rest.isascii() and rest != b""
+        if ok and kind == b"refused":
+            try:
+                text = rest.decode("unicode_escape")
+            except ValueError:
+                ok = False
+            else:
+                refused.append(text)
+        elif ok and kind == b"end" and (rest == b"-" or rest.decode().isidentifier()):
+            exception, ended = (None if rest == b"-" else rest.decode()), True
+        else:
+            ok = False
+        if not ok:
+            return [], None, f"line {n} is not a status line: {bytes(line[:40])!r}"
+    return refused[:100], exception, None
+
+
+def _result(seen: Observed, lim: SandboxLimits, seconds: float) -> SandboxResult:
+    """The run's status. Timeouts, CPU and output limits and the exit code come from the parent's
+    own observation (its clock, the kernel's CPU account of the process tree, the bytes it read,
+    bwrap's exit status). Refusals and a ``MemoryError`` (how ``RLIMIT_AS`` shows) come from the
+    runner's report on its own pipe, never from the program's output; a program that takes over
+    its interpreter can write that pipe too, so it can claim those (a count in the metrics), never
+    a limit the parent did not see, and a report that is not the runner's format is set aside
+    (``status_problem`` says why)."""
+    refused, exception, problem = parse_status(seen.status)
     ws = seen.wait_status
     rc = None if ws is None else os.waitstatus_to_exitcode(ws)
     # bwrap exits 128+N when the program dies of signal N
@@ -472,4 +414,5 @@ def _result(seen: _Observed, lim: SandboxLimits, seconds: float) -> SandboxResul
         exception,
         seconds,
         seen.cpu,
+        problem,
     )
