@@ -1,6 +1,15 @@
-"""Shared pieces of the resume and crash tests (and benchmarks/crash_suite.py): the reward
-(conftest's ``mod3_task`` fixture writes it), the small `dapo train` command line, reading a
-run's metrics.jsonl (finished or still being written), and killing a run at a chosen moment."""
+"""Shared pieces of the end-to-end tests (and benchmarks/crash_suite.py): the reward (conftest's
+``mod3_task`` fixture writes it), the small `dapo train` command line, reading a run's outputs,
+and killing a run at a chosen moment.
+
+Reading a run directory's outputs:
+
+* :func:`metric_rows`: every row of a finished run's metrics.jsonl, in order;
+* :func:`metrics_by_step`: a finished run's last row per step, without the volatile keys;
+* :func:`live_rows`: the rows so far of a run that may still be writing;
+* :func:`run_summary`: summary.json;
+* :func:`jsonl_rows`: any other jsonl file of a run (dumps, groups.jsonl).
+"""
 
 from __future__ import annotations
 
@@ -133,6 +142,21 @@ def tool_run_args(run_dir, model_dir, steps: int, *extra: str) -> list[str]:
     ]
 
 
+def jsonl_rows(path: Path) -> list[dict]:
+    """Every line of a finished jsonl file, parsed, in order (a line that is not whole JSON fails)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """Every row of a finished run's metrics.jsonl, in order."""
+    return jsonl_rows(Path(run_dir) / "metrics.jsonl")
+
+
+def run_summary(run_dir: Path) -> dict:
+    """A run's summary.json."""
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
 def live_rows(run_dir: Path) -> list[dict]:
     """The rows logged so far by a run that may still be writing (a partial last line is skipped)."""
     try:
@@ -152,8 +176,7 @@ def metrics_by_step(run_dir: Path) -> dict[int, dict]:
     """A finished run's last row per step (a killed run may have logged a step it did not
     checkpoint), without the volatile keys."""
     rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in metric_rows(run_dir):
         rows[row["step"]] = {k: v for k, v in row.items() if not VOLATILE.search(k)}
     return rows
 
@@ -209,5 +232,5 @@ def kill_when(proc: subprocess.Popen, moment: Callable[[], bool], timeout: float
 
 def assert_each_step_once(run_dir: Path, steps: int, name: str = "metrics.jsonl") -> None:
     """Every line of ``name`` is a whole row, and the rows are of steps 1..steps, once each."""
-    got = [json.loads(line)["step"] for line in (Path(run_dir) / name).read_text().splitlines()]
+    got = [row["step"] for row in jsonl_rows(Path(run_dir) / name)]
     assert got == list(range(1, steps + 1)), f"{name} holds steps {got}"
