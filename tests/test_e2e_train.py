@@ -1,12 +1,11 @@
 """`dapo train` end to end on a user's own parquet and model directory (tiny random model)."""
 
-import json
-
 import pytest
+import torch
 
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
-from runs import tool_run_args, train_args
+from runs import jsonl_rows, metric_rows, run_summary, tool_run_args, train_args
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,7 @@ def test_train_on_user_parquet_and_model_dir(tmp_path, tiny_random_model_dir, us
     # a random model never gets a group with spread, so filtering is off to exercise the update
     rc, run_dir = _train(tmp_path, tiny_random_model_dir, train, test, "algorithm.filter_groups.enable=false")
     assert rc == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2]
     for key in (
@@ -41,18 +40,21 @@ def test_train_on_user_parquet_and_model_dir(tmp_path, tiny_random_model_dir, us
     ):
         assert key in rows[1], key
     assert "val-core/arithmetic/acc/mean@2" in rows[0] and "val-core/arithmetic/acc/mean@2" in rows[2]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert (
-        summary["steps"] == 2
-        and summary["val_acc_before"] is not None
-        and summary["val_acc_after"] is not None
-    )
+    summary = run_summary(run_dir)
+    assert summary["steps"] == 2
+    # the validations before and after training are the ones logged at steps 0 and 2
+    assert (summary["val_acc_before"], summary["val_acc_after"]) == (rows[0]["val/acc"], rows[2]["val/acc"])
+    assert summary["val_after"] == {k: v for k, v in rows[2].items() if k.startswith("val-core/")}
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final_model")
     assert AutoTokenizer.from_pretrained(run_dir / "final_model").chat_template
-    assert sum(p.numel() for p in model.parameters()) > 0
+    # the saved model is the trained one: same shapes as the model it started from, other weights
+    start = dict(AutoModelForCausalLM.from_pretrained(tiny_random_model_dir).named_parameters())
+    trained = dict(model.named_parameters())
+    assert {k: p.shape for k, p in trained.items()} == {k: p.shape for k, p in start.items()}
+    assert any(not torch.equal(p, start[k]) for k, p in trained.items())
 
 
 def test_dynamic_sampling_exhaustion_is_logged_not_fatal(
@@ -69,7 +71,7 @@ def test_dynamic_sampling_exhaustion_is_logged_not_fatal(
     )
     # every step ran; a random model never fills a group with spread, so none made an update,
     # and the run says so and fails rather than ending "done"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     assert rows[0]["train/num_gen_batches"] == 2 and [r["step"] for r in rows] == [1, 2]
     out = capsys.readouterr().out
     assert "no update" in out
@@ -132,7 +134,7 @@ def test_two_worker_run_checkpoints_and_resumes_in_process(
     )
     assert rc == 0
     assert (run_dir / "global_step_2" / "actor" / "dcp").is_dir()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2] and "actor/pg_loss" in rows[0]
     # the sharded checkpoint resumes at world size 1 and trains on
     rc = main(
@@ -153,7 +155,7 @@ def test_two_worker_run_checkpoints_and_resumes_in_process(
         ]
     )
     assert rc == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
@@ -171,8 +173,8 @@ def test_multi_turn_tool_run_logs_turns_and_dumps_messages(tmp_path, tiny_random
         )
     )
     assert rc == 0
-    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    row = metric_rows(run_dir)[0]
     for key in ("num_turns/mean", "tool_call_counts/mean", "tools/call_rate", "val-aux/num_turns/mean"):
         assert key in row, key
-    dumped = json.loads((run_dir / "dumps" / "1.jsonl").read_text().splitlines()[0])
+    dumped = jsonl_rows(run_dir / "dumps" / "1.jsonl")[0]
     assert dumped["messages"][0]["role"] == "assistant" and "num_turns" in dumped
