@@ -1,7 +1,6 @@
 """The built-in long-reasoning task: generator, working, grading, warm-start targets, preset."""
 
 import hashlib
-import json
 import random
 
 import pytest
@@ -21,6 +20,7 @@ from dapo.tasks.reasoning import (
     to_row,
     working,
 )
+from runs import metric_rows
 
 
 def test_hand_chain_question_working_and_grade():
@@ -189,7 +189,7 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
         ]
     )
     assert rc == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run)
     m = next(r for r in rows if r.get("step") == 1 and "prompt_length/min" in r)
     # chain prompts (chat tokens + "dd 1)+d ... =") are 40+ tokens; arithmetic prompts are ~10
     assert m["prompt_length/min"] >= 40 and m["prompt_length/max"] <= 80
