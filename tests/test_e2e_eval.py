@@ -1,13 +1,13 @@
 """`dapo eval` on a run's final model prints the run's last validation numbers (same seed), and
 `dapo eval --model M` scores M even in a run directory holding a checkpoint of other weights."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
+from runs import metric_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -69,14 +69,14 @@ def _assert_same(printed, core):
 
 def test_eval_reproduces_last_validation(trained, tmp_path, capsys):
     run_dir, common = trained
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    last = metric_rows(run_dir)[-1]
     printed = _eval(capsys, run_dir / "final_model", tmp_path / "eval", common)
     _assert_same(printed, _val_core(last))
 
 
 def test_eval_never_loads_a_checkpoint_over_the_model(trained, tiny_random_model_dir, capsys):
     run_dir, common = trained
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     before = _val_core(next(r for r in rows if r["step"] == 0))  # the untrained model's numbers
     after = _val_core(rows[-1])
     assert (run_dir / "global_step_2").is_dir() and before != after, "the checkpoint must score differently"
