@@ -1,7 +1,6 @@
 """Non-finite gradients skip the optimizer step and are counted; several in a row stop the run
 with a clear error and the last checkpoint intact."""
 
-import json
 from pathlib import Path
 
 import torch
@@ -10,6 +9,7 @@ from safetensors.torch import load_file
 from dapo.checkpoint.store import find_resume_checkpoint
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
+from runs import metric_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -42,7 +42,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tmp_path, tiny_random_mod
     assert rc == 2
     err = capsys.readouterr().err
     assert "3 optimizer steps in a row had a non-finite gradient norm" in err and "resume" in err
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     assert [r["actor/nonfinite_steps"] for r in rows] == [1.0, 2.0]
     # the last checkpoint is intact: complete, and its weights are the (finite) initial weights
     ckpt = find_resume_checkpoint(run_dir, "auto", None)
