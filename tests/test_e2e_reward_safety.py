@@ -1,10 +1,10 @@
 """A scorer that never returns and one that kills its own process do not stall training."""
 
-import json
 from pathlib import Path
 
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
+from runs import metric_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -38,7 +38,7 @@ def test_hung_and_dying_scorers_are_counted_and_the_step_completes(tmp_path, tin
         ]
     )
     assert rc == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     step = next(r for r in rows if r["step"] == 1)
     assert "actor/pg_loss" in step  # the update ran
     # 16 random responses: with 5 length classes some hang and some die (seeded, checked below)
