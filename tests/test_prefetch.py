@@ -3,13 +3,12 @@ its failure surfaces. (Exact resume with prefetch: tests/test_resume_exact.py.)"
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from dapo.config.load import load_config
 from dapo.trainer.loop import Trainer
+from runs import metric_rows
 
 torch.set_num_threads(1)
 
@@ -38,7 +37,7 @@ def _trainer(run_dir, steps=3, *extra):
 
 
 def _steps(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metric_rows(run_dir)
 
 
 def test_prefetched_batches_come_from_the_weights_before_the_update(tmp_path):
