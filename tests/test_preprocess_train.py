@@ -1,11 +1,11 @@
 """Each `dapo preprocess` format's output is accepted by `dapo train`, which runs a step on it."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from dapo.cli import main
+from runs import metric_rows
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -59,5 +59,5 @@ def test_preprocessed_data_trains(tmp_path, tiny_random_model_dir, fmt):
         ]
     )
     assert rc == 0
-    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    row = metric_rows(run_dir)[0]
     assert "actor/pg_loss" in row and row["reward/errors"] == 0
