@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 pytest.importorskip("matplotlib", reason="the report needs the 'report' extra (matplotlib)")
 
 from dapo.viewer.report import FIGURES, build_report, load_run  # noqa: E402
+from runs import metric_rows  # noqa: E402
 from synthetic_runs import write_synthetic_run  # noqa: E402
 
 torch.set_num_threads(1)
@@ -44,7 +44,7 @@ def test_report_from_synthetic_run_is_self_contained(run_dir, tmp_path, capsys):
         assert png.read_bytes()[:8] == PNG, spec.name
         assert f'id="{spec.name}"' in page
     # the summary table counts what the batcher reported
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_rows(run_dir)
     kept = sum(m.get("dynamic_sampling/kept_groups", 0) for m in metrics)
     assert re.search(rf"<td>kept</td><td>{kept} \(", page)
 
