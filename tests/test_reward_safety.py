@@ -1,9 +1,13 @@
 """Safe scoring: hung, crashing and self-killing scorers are counted and never stall a batch;
-every built-in scorer survives adversarial text (hypothesis) within its time budget."""
+every built-in scorer survives adversarial text (hypothesis), the in-process ones by reading a
+bounded tail of it, the symbolic one under the pool's timeout. Outcomes and mechanisms only, never
+wall time: the hang guards below fire only far beyond any slowness of a loaded machine."""
 
 from __future__ import annotations
 
-import time
+import os
+import signal
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -12,16 +16,27 @@ from hypothesis import strategies as st
 
 from dapo.reward.manager import DAPORewardManager
 from dapo.reward.pool import DIED, ERROR, OK, TIMEOUT, ScorerRef, ScoringPool
-from dapo.reward.scorers import countdown, default_compute_score, gsm8k, math_dapo, math_equiv
+from dapo.reward.scorers import (
+    countdown,
+    default_compute_score,
+    gsm8k,
+    is_inline_safe,
+    math_dapo,
+    math_equiv,
+)
 from fixtures.reward_helpers import CharTokenizer, make_batch, scorer_from_source
 
 torch.set_num_threads(1)
 
+# "hang" leaves its process id in hung.pid beside the scorer file, so a test can check that the
+# process was stopped
 NASTY = """
     import os, signal, time
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         if solution_str == "hang":
+            with open(os.path.join(os.path.dirname(__file__), "hung.pid"), "w") as f:
+                f.write(str(os.getpid()))
             while True:
                 time.sleep(1)
         if solution_str == "exit":
@@ -41,7 +56,32 @@ def nasty_ref(tmp_path):
     return scorer_from_source(tmp_path, "nasty", NASTY)
 
 
-def test_hung_and_dying_scorers_are_counted_and_the_batch_completes(nasty_ref):
+@contextmanager
+def hang_guard(seconds: float, what: str):
+    """Fail, rather than hang, when the block is still running after ``seconds``: a bound on
+    code that must end by itself, set far beyond any slowness (SIGALRM; main thread only)."""
+
+    def fire(signum, frame):
+        pytest.fail(f"{what} still running after {seconds:g} s: it hangs", pytrace=False)
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_hung_and_dying_scorers_are_counted_and_the_batch_completes(nasty_ref, tmp_path):
     texts = ["ok", "hang", "ok", "exit", "kill", "raise", "nope", "sysexit", "ok", "ok"]
     batch = make_batch(texts, ["ok"] * len(texts), data_source="anything")
     mgr = DAPORewardManager(
@@ -50,11 +90,12 @@ def test_hung_and_dying_scorers_are_counted_and_the_batch_completes(nasty_ref):
         scoring={"mode": "process", "timeout_s": 1.0, "num_workers": 2, "failure_score": -3.0},
     )
     try:
-        t0 = time.monotonic()
-        out = mgr(batch)
-        elapsed = time.monotonic() - t0
+        with hang_guard(300, "a batch with one hung scorer (timeout_s=1)"):
+            out = mgr(batch)
         scores, info = out
-        assert elapsed < 15
+        # the hung scorer was stopped: its worker process was killed and is gone
+        hung_pid = int((tmp_path / "hung.pid").read_text())
+        assert _process_gone(hung_pid), f"the hung scorer's process {hung_pid} is still alive"
         assert info["pred"] == [
             None,
             "[TIMEOUT]",
@@ -102,12 +143,12 @@ def test_scorer_that_cannot_load_raises_instead_of_spinning(tmp_path, body):
             )
 
 
-def test_fast_path_is_cheap():
+def test_fast_path_scores_in_the_trainer_process():
     batch = make_batch(["Answer: 12"] * 512, ["12"] * 512, data_source="arithmetic", response_len=12)
     mgr = DAPORewardManager(CharTokenizer())
-    t0 = time.perf_counter()
-    _, info = mgr(batch)
-    assert time.perf_counter() - t0 < 2.0 and all(info["acc"])
+    out = mgr(batch)
+    assert out.reward_extra_info["score"] == [1.0] * 512 and all(out.reward_extra_info["acc"])
+    assert out.metrics["reward/errors"] == 0 and out.metrics["reward/timeouts"] == 0
     assert mgr._pool is None  # built-in safe scorer: no worker processes were started
 
 
@@ -149,27 +190,42 @@ FUZZ = settings(
 )
 
 
-def _timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
+# math_dapo grades the last 300 characters of a response (its module docstring); gsm8k and
+# countdown name their tails _TAIL_CHARS
+MATH_DAPO_TAIL = 300
 
 
 @FUZZ
 @given(text=nasty_text(), gt=_gt)
 def test_fuzz_inline_scorers(text, gt):
-    out, dt = _timed(math_dapo.compute_score, text, gt)
-    assert out["score"] in (1.0, -1.0) and isinstance(out["pred"], str) and dt < 1.0
-    out, dt = _timed(math_dapo.compute_score, text, gt, strict_box_verify=True)
-    assert out["score"] in (1.0, -1.0) and dt < 1.0
-    for method in ("strict", "flexible"):
-        out, dt = _timed(gsm8k.compute_score, text, gt, method=method)
-        assert out in (0, 0.0, 1.0) and dt < 1.0
-    out, dt = _timed(countdown.compute_score, text, {"target": 3, "numbers": [1, 2]})
-    assert out["score"] in (0.0, 0.1, 1.0) and dt < 1.0
-    for source in ("arithmetic", "aime2024", "openai/gsm8k", "math_dapo"):
-        _, dt = _timed(default_compute_score, source, text, gt)
-        assert dt < 1.0
+    """Every in-process scorer gives a result on its scale, and the same result for the response's
+    tail alone: its work is bounded by the tail's length, however long the response."""
+    dapo_tail, gsm8k_tail, countdown_tail = (
+        text[-MATH_DAPO_TAIL:],
+        text[-gsm8k._TAIL_CHARS :],
+        text[-countdown._TAIL_CHARS :],
+    )
+    with hang_guard(60, "an in-process scorer"):
+        out = math_dapo.compute_score(text, gt)
+        assert out["score"] in (1.0, -1.0) and isinstance(out["pred"], str)
+        assert out == math_dapo.compute_score(dapo_tail, gt)
+        out = math_dapo.compute_score(text, gt, strict_box_verify=True)
+        assert out["score"] in (1.0, -1.0)
+        assert out == math_dapo.compute_score(dapo_tail, gt, strict_box_verify=True)
+        for method in ("strict", "flexible"):
+            out = gsm8k.compute_score(text, gt, method=method)
+            assert out in (0, 0.0, 1.0) and out == gsm8k.compute_score(gsm8k_tail, gt, method=method)
+        target = {"target": 3, "numbers": [1, 2]}
+        out = countdown.compute_score(text, target)
+        assert out["score"] in (0.0, 0.1, 1.0) and out == countdown.compute_score(countdown_tail, target)
+        for source, tail in (
+            ("arithmetic", dapo_tail),
+            ("aime2024", dapo_tail),
+            ("openai/gsm8k", gsm8k_tail),
+            ("math_dapo", dapo_tail),
+        ):
+            assert is_inline_safe(source)
+            assert default_compute_score(source, text, gt) == default_compute_score(source, tail, gt)
 
 
 @pytest.fixture(scope="module")
@@ -182,36 +238,48 @@ def fuzz_pool():
 @given(text=nasty_text(), gt=_gt)
 def test_fuzz_symbolic_verifier_in_pool(fuzz_pool, text, gt):
     ref = ScorerRef(module="dapo.reward.scorers.math_equiv", attr="compute_score", preload=("sympy",))
-    t0 = time.monotonic()
-    [(status, value)] = fuzz_pool.map(ref, [{"solution_str": text, "ground_truth": gt}])
-    assert time.monotonic() - t0 < fuzz_pool.timeout_s + 5.0
+    restarts = fuzz_pool.restarts
+    with hang_guard(300, "the pool on one sample (timeout_s=3)"):
+        [(status, value)] = fuzz_pool.map(ref, [{"solution_str": text, "ground_truth": gt}])
     assert status in (OK, TIMEOUT), value  # an "error" would be an exception escaping the scorer
     if status == OK:
         assert value["score"] in (0.0, 1.0) and isinstance(value["acc"], bool)
+        assert fuzz_pool.restarts == restarts  # no worker was lost on a sample that was scored
+    else:
+        # the per-sample timeout fired: the worker on it was killed and replaced
+        assert value == f"no result within {fuzz_pool.timeout_s:g}s"
+        assert fuzz_pool.restarts == restarts + 1
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     numbers=st.lists(st.integers(-(10**30), 10**30), max_size=6),
     target=st.integers(-(10**30), 10**30),
-    expr=st.text(alphabet="0123456789+-*/() .", max_size=120),
+    expr=st.text(alphabet="0123456789+-*/() .", max_size=300),
 )
 def test_fuzz_countdown_expressions(numbers, target, expr):
-    out, dt = _timed(
-        countdown.compute_score, f"<answer>{expr}</answer>", {"target": target, "numbers": numbers}
-    )
-    assert out["score"] in (0.0, 0.1, 1.0) and dt < 1.0
+    """Evaluation is bounded: powers and expressions past the length cap are refused unevaluated."""
+    with hang_guard(60, "the countdown scorer"):
+        out = countdown.compute_score(f"<answer>{expr}</answer>", {"target": target, "numbers": numbers})
+    assert out["score"] in (0.0, 0.1, 1.0)
+    if "**" in expr or len(expr.strip()) > countdown._MAX_EXPR_CHARS:
+        assert countdown.evaluate_expression(expr.strip()) is None
+        assert out == {"score": 0.1, "acc": False, "pred": expr.strip()}
 
 
 def test_math_equiv_bounded_in_process_on_known_bombs():
+    """Never handed to sympy: the exponent guard refuses the powers, and the 301-character answer
+    is longer than MAX_ANSWER_CHARS, so each is compared as a string."""
     bombs = {
-        "\\boxed{9^{9^{9^{9}}}}": 0.0,  # refused, never evaluated
-        "\\boxed{10^{100000}}": 0.0,
-        "\\boxed{" + "(" * 150 + "1" + ")" * 150 + "}": 1.0,
+        "9^{9^{9^{9}}}": 0.0,
+        "10^{100000}": 0.0,
+        "(" * 150 + "1" + ")" * 150: 1.0,
     }
-    for text, expected in bombs.items():
-        out, dt = _timed(math_equiv.compute_score, text, "1")
-        assert out["score"] == expected and dt < 2.0
+    for answer, expected in bombs.items():
+        assert math_equiv._to_sympy(answer) is None, answer
+        with hang_guard(60, f"math_equiv on {answer[:20]}"):
+            out = math_equiv.compute_score("\\boxed{" + answer + "}", "1")
+        assert out["score"] == expected, answer
 
 
 @pytest.mark.parametrize(
