@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -83,10 +82,9 @@ def test_large_dump_is_indexed_without_parsing(tmp_path):
     line = json.dumps({"input": "q" * 200, "output": "a" * 2000, "score": 1.0}) + "\n"
     (d / "1.jsonl").write_text(line * 20000)  # ~45 MB, written once
     f = DumpDir(d).file(1)
-    t = time.perf_counter()
+    assert not f.indexed  # opening a step's file does not read it
     assert len(f) == 20000
-    assert time.perf_counter() - t < 5.0
-    assert f.rows_parsed == 0
+    assert f.indexed and f.rows_parsed == 0  # rows are counted by line offsets, none parsed
     assert f.row(19999)["score"] == 1.0 and f.rows_parsed == 1
 
 
