@@ -90,7 +90,10 @@ def test_overlong_config_validation(cfg, max_len, key):
 
 
 def test_disabled_overlong_needs_nothing():
-    DAPORewardManager(CharTokenizer(), max_resp_len=None, overlong_buffer_cfg={"enable": False, "len": 0})
+    cfg = {"enable": False, "len": 0}
+    mgr = DAPORewardManager(CharTokenizer(), max_resp_len=None, overlong_buffer_cfg=cfg)
+    scores, info = mgr(make_batch(["abcde"], ["9"], response_len=5))
+    assert scores[0, 4].item() == -1.0 and "overlong" not in info  # the raw score, unshaped
 
 
 def test_float_scorer_sets_acc_to_score():
