@@ -1,6 +1,7 @@
 """Every bad configuration is rejected before any work, with a message naming the key."""
 
 import pytest
+import yaml
 
 from dapo.config.load import ConfigError, load_config, preset_names
 from dapo.config.validate import validate
@@ -108,6 +109,13 @@ def test_cli_validate_exit_code(capsys):
     err = capsys.readouterr().err
     assert "data.gen_batch_size=1" in err
     assert main(["validate"]) == 0
+    out = capsys.readouterr()
+    assert "configuration OK" in out.err
+    printed, loaded = yaml.safe_load(out.out), load_config([])  # the resolved configuration
+    assert printed["data"]["train_batch_size"] == loaded.data.train_batch_size
+    assert (
+        printed["actor_rollout_ref"]["actor"]["loss_agg_mode"] == loaded.actor_rollout_ref.actor.loss_agg_mode
+    )
 
 
 @pytest.mark.parametrize(
