@@ -13,12 +13,9 @@ import torch
 
 from dapo.batch import Batch
 from dapo.outputs.dumps import dump_batch, dump_generations
+from runs import jsonl_rows
 
 torch.set_num_threads(1)
-
-
-def _rows(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def test_fields_and_extras(tmp_path):
@@ -39,13 +36,13 @@ def test_fields_and_extras(tmp_path):
     assert path == tmp_path / "rollouts" / "7.jsonl"
     assert dropped == ["round_metric"]
     assert "ü" in path.read_text(encoding="utf-8")  # ensure_ascii=False
-    assert _rows(path) == [
+    assert jsonl_rows(path) == [
         {"input": "1+1=", "output": "2", "gts": "2", "score": 0.5, "step": 7, "acc": True, "pred": "2"},
         {"input": "2+2=", "output": "5 ü", "gts": None, "score": 0.0, "step": 7, "acc": False, "pred": "5"},
     ]
     # a second dump of the same step overwrites (mode "w", as verl)
     dump_generations(tmp_path / "rollouts", 7, ["a"], ["b"], [None], [float("nan")], {})
-    assert _rows(path) == [{"input": "a", "output": "b", "gts": None, "score": None, "step": 7}]
+    assert jsonl_rows(path) == [{"input": "a", "output": "b", "gts": None, "score": None, "step": 7}]
     assert sorted(os.listdir(tmp_path / "rollouts")) == ["7.jsonl"]
 
 
@@ -82,7 +79,7 @@ def test_dump_batch_rows_stay_aligned_after_filtering(tmp_path, char_tokenizer):
     trained = batch.select([3, 0, 1])
     path, dropped = dump_batch(tmp_path, 2, trained, tok, reward_extra_keys=["acc", "pred", "absent"])
     assert dropped == []
-    rows = _rows(path)
+    rows = jsonl_rows(path)
     assert [(r["input"], r["output"], r["gts"], r["score"], r["acc"], r["pred"]) for r in rows] == [
         ("2+5=", "7", "7", 1.0, True, "7"),
         ("1+1=", "2", "2", 1.0, True, "2"),
