@@ -17,6 +17,7 @@ from dapo.outputs.tracking import (
     build_trackers,
     mlflow_key,
 )
+from runs import metric_rows
 
 STEPS = {
     1: {"actor/pg_loss": 0.25, "val-core/arithmetic/acc/mean@4": 0.5, "train/num_gen_batches": 2},
@@ -35,7 +36,7 @@ def test_jsonl_and_console_unchanged(tmp_path):
     t = JsonlTracker(tmp_path)
     t.log({"a": 1.0, "b": float("nan")}, 1)
     t.close()
-    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "a": 1.0, "b": None}
+    assert metric_rows(tmp_path) == [{"step": 1, "a": 1.0, "b": None}]
     lines = []
     c = ConsoleTracker(lines.append)
     c.log({"train/num_gen_batches": 2.0, "actor/pg_loss": 0.5, "val-core/x/acc/mean@2": 0.25}, 3)
