@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from dapo.actor.dp_actor import compute_log_prob
 from dapo.actor.seqlen_balancing import karmarkar_karp, rearrange_micro_batches, restore_order, workload
 from dapo.algo.agg import LOSS_AGG_MODES
-from test_actor_microbatch import _batch, _grads, _settings
+from fixtures.actor_helpers import micro_settings, policy_grads, rl_batch
 
 
 def test_karmarkar_karp_hand_example():
@@ -66,7 +66,7 @@ def test_compute_log_prob_dynamic_restores_order(tiny_random_model_dir, char_tok
     from dapo.model.loader import load_model
 
     model = load_model(tiny_random_model_dir)
-    b = _batch(len(char_tokenizer), rows=10, seed=7)
+    b = rl_batch(len(char_tokenizer), rows=10, seed=7)
     mask = b.tensors["response_mask"]
     ref, ref_ent = compute_log_prob(model, b, 0.7, 10, calculate_entropy=True)
     for budget in (12, 20, 1000):
@@ -87,13 +87,13 @@ def test_compute_log_prob_dynamic_restores_order(tiny_random_model_dir, char_tok
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_dynamic_bsz_gradient_equals_full_batch(tiny_random_model_dir, char_tokenizer, mode, remove_padding):
-    batch = _batch(len(char_tokenizer))
-    full, m_full = _grads(tiny_random_model_dir, batch, _settings(8, mode))
-    s = _settings(8, mode)
+    batch = rl_batch(len(char_tokenizer))
+    full, m_full = policy_grads(tiny_random_model_dir, batch, micro_settings(8, mode))
+    s = micro_settings(8, mode)
     s.use_dynamic_bsz = True
     s.ppo_max_token_len_per_gpu = 14  # rows are 3..12 tokens: several micro-batches
     s.use_remove_padding = remove_padding
-    split, m_split = _grads(tiny_random_model_dir, batch, s)
+    split, m_split = policy_grads(tiny_random_model_dir, batch, s)
     for a, c in zip(full, split):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)
     assert m_full["actor/pg_loss"] == pytest.approx(m_split["actor/pg_loss"], rel=1e-5, abs=1e-7)
