@@ -6,7 +6,7 @@ import torch
 from dapo.actor.forward import packed_response_logprobs, response_logprobs
 from dapo.model.precision import cpu_supports_bf16, resolve_model_dtype
 from dapo.rollout.hf import HFRollout, SamplingParams
-from test_actor_microbatch import _batch
+from fixtures.actor_helpers import rl_batch
 
 
 def test_resolve_names():
@@ -28,7 +28,7 @@ def test_bf16_packed_close_to_padded_and_rollout_runs(tiny_random_model_dir, cha
     from dapo.model.loader import load_model
 
     model = load_model(tiny_random_model_dir, dtype=torch.bfloat16).eval()
-    b = _batch(len(char_tokenizer), rows=4, seed=2)
+    b = rl_batch(len(char_tokenizer), rows=4, seed=2)
     ids, attn, mask = b.tensors["input_ids"], b.tensors["attention_mask"], b.tensors["response_mask"]
     with torch.no_grad():
         pad, _ = response_logprobs(model, ids, attn, 7, 1.0)
