@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo.actor.forward import pack_rows, packed_response_logprobs, response_logprobs
-from test_actor_microbatch import _batch
+from fixtures.actor_helpers import rl_batch
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_pack_rows_positions_restart_per_sequence():
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), rows=st.integers(1, 6), temperature=st.sampled_from([0.6, 1.0]))
 def test_packed_equals_padded(model, char_tokenizer, seed, rows, temperature):
-    b = _batch(len(char_tokenizer), rows=rows, P=6, R=9, seed=seed)
+    b = rl_batch(len(char_tokenizer), rows=rows, P=6, R=9, seed=seed)
     ids, attn, mask = b.tensors["input_ids"], b.tensors["attention_mask"], b.tensors["response_mask"]
     model.eval()
     with torch.no_grad():
@@ -46,7 +46,7 @@ def test_packed_gradients_equal_padded(tiny_random_model_dir, char_tokenizer, ch
 
     model = load_model(tiny_random_model_dir)
     model.train()
-    b = _batch(len(char_tokenizer), rows=6, seed=9)
+    b = rl_batch(len(char_tokenizer), rows=6, seed=9)
     ids, attn, mask = b.tensors["input_ids"], b.tensors["attention_mask"], b.tensors["response_mask"].float()
 
     def grads(fn):
