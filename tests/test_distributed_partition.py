@@ -27,8 +27,7 @@ from dapo.distributed import (
     trim_to_multiple,
 )
 from dapo.distributed.partition import PAD_KEY
-from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank
-from test_distributed_fsdp import settings as actor_settings
+from fixtures.actor_helpers import TOL, actor_settings, max_diff, one_rank, rl_batch
 
 
 def test_balanced_partition_hand_example():
@@ -77,7 +76,7 @@ def test_rank_partitions_need_divisible_rows():
 
 def _filtered_batch(vocab: int = 40) -> Batch:
     """What the dynamic sampler hands over after filtering: 3 groups of n=3 (9 rows)."""
-    b = make_batch(vocab, rows=9, seed=5)
+    b = rl_batch(vocab, rows=9, seed=5)
     b["uid"] = [f"g{i // 3}" for i in range(9)]
     return b
 
@@ -156,7 +155,7 @@ def test_in_process_fsdp_worker_equals_plain_actor(tiny_random_model_dir):
 
     torch.set_num_threads(1)
     s = actor_settings(ppo_epochs=1)
-    b = make_batch(40, rows=6, seed=3)
+    b = rl_batch(40, rows=6, seed=3)
     local = LocalActor(one_rank(tiny_random_model_dir, s))
     spec = WorkerSpec(model_path=str(tiny_random_model_dir), settings=s, lr=1e-3, weight_decay=0.01)
     group = InProcessWorkerGroup(worker_factory(spec))
@@ -182,7 +181,7 @@ def test_local_actor_is_the_plain_actor(tiny_random_model_dir):
     la.nonfinite_steps = 2
     assert a.nonfinite_steps == 2
     with pytest.raises(ValueError, match="no reference model"):
-        la.compute_ref_log_prob(make_batch(40, rows=2, seed=0), 1.0, 2)
+        la.compute_ref_log_prob(rl_batch(40, rows=2, seed=0), 1.0, 2)
 
 
 def test_builder_world_one_is_the_local_actor_and_sizes_per_rank(tiny_random_model_dir):
