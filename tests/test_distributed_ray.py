@@ -24,7 +24,7 @@ from dapo.model.loader import load_model
 if not ray_available():
     pytest.skip("Ray worker groups need the 'scale' extra (pip install ray)", allow_module_level=True)
 
-from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank, settings  # noqa: E402
+from fixtures.actor_helpers import TOL, actor_settings, max_diff, one_rank, rl_batch  # noqa: E402
 
 
 @pytest.mark.slow
@@ -32,8 +32,8 @@ def test_ray_two_workers_step(tiny_random_model_dir, tmp_path):
     torch.set_num_threads(1)
     home_ray = Path.home() / ".ray"
     had_home_ray = home_ray.exists()
-    s = settings(ppo_epochs=1)
-    batch = make_batch(load_model(tiny_random_model_dir).config.vocab_size, rows=8, seed=0)
+    s = actor_settings(ppo_epochs=1)
+    batch = rl_batch(load_model(tiny_random_model_dir).config.vocab_size, rows=8, seed=0)
 
     t0 = time.perf_counter()
     local = one_rank(tiny_random_model_dir, s)
