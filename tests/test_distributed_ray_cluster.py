@@ -22,7 +22,7 @@ from dapo.model.loader import load_model
 if not ray_available():
     pytest.skip("Ray worker groups need the 'scale' extra (pip install ray)", allow_module_level=True)
 
-from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank, settings  # noqa: E402
+from fixtures.actor_helpers import TOL, actor_settings, max_diff, one_rank, rl_batch  # noqa: E402
 
 OBJECT_STORE = 100 * 2**20
 
@@ -68,9 +68,9 @@ def test_two_nodes_two_steps_then_nothing_left(tiny_random_model_dir, monkeypatc
         nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         assert len(nodes) == 2
 
-        s = settings(ppo_epochs=1)
+        s = actor_settings(ppo_epochs=1)
         vocab = load_model(tiny_random_model_dir).config.vocab_size
-        batches = [make_batch(vocab, rows=8, seed=k) for k in (0, 1)]
+        batches = [rl_batch(vocab, rows=8, seed=k) for k in (0, 1)]
         local = one_rank(tiny_random_model_dir, s)
         m1 = [local.update_policy(b) for b in batches]
 
