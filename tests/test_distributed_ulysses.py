@@ -21,7 +21,7 @@ from dapo.distributed import DistributedActor, ProcessWorkerGroup
 from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
 from dapo.distributed.ulysses import sp_problem, ulysses_response_logprobs
 from dapo.model.loader import load_model
-from test_distributed_fsdp import TOL, make_batch, max_diff, one_rank, settings  # noqa: E402
+from fixtures.actor_helpers import TOL, actor_settings, max_diff, one_rank, rl_batch  # noqa: E402
 
 TEMP = 0.7
 
@@ -86,7 +86,7 @@ def test_sp2_equals_one_process(tiny_random_model_dir, kv1_model_dir):
         ):
             model = load_model(model_dir).train()
             # 7 rows: the packed length is odd for some seeds, so the SP padding is exercised
-            batch = make_batch(model.config.vocab_size, rows=7, seed=5)
+            batch = rl_batch(model.config.vocab_size, rows=7, seed=5)
             ref = _forward_backward(model, batch, response_logprobs)
             if ckpt:
                 model.gradient_checkpointing_enable()
@@ -110,7 +110,7 @@ def test_sp2_equals_one_process(tiny_random_model_dir, kv1_model_dir):
 
 def test_dp2_sp2_fsdp_equals_one_rank(tiny_random_model_dir):
     torch.set_num_threads(1)
-    s = settings(ppo_epochs=1, use_remove_padding=True, ulysses_sequence_parallel_size=2)
+    s = actor_settings(ppo_epochs=1, use_remove_padding=True, ulysses_sequence_parallel_size=2)
     spec = WorkerSpec(model_path=str(tiny_random_model_dir), settings=s, lr=1e-3, weight_decay=0.01)
     actor = DistributedActor(
         ProcessWorkerGroup(worker_factory(spec), 4), s, rollout_model=load_model(tiny_random_model_dir)
@@ -119,7 +119,7 @@ def test_dp2_sp2_fsdp_equals_one_rank(tiny_random_model_dir):
         info = actor.info()
         assert [i["sp"] for i in info] == [2, 2, 2, 2] and info[0]["mesh"] == (4,)
         assert actor.dp == 2
-        batch = make_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
+        batch = rl_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
         ref = one_rank(tiny_random_model_dir, dataclasses.replace(s, use_remove_padding=False))
         m1, m2 = ref.update_policy(batch), actor.update_policy(batch)
         assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL
