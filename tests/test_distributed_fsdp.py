@@ -9,55 +9,20 @@ batch that needs zero-weight padding; the weights reach the rollout model; a che
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
-from dapo.algo.policy_loss import PolicyLossConfig
-from dapo.batch import Batch
-from dapo.bench.common import padded_rl_batch
+from dapo.actor.dp_actor import compute_log_prob
 from dapo.distributed import DistributedActor, ProcessWorkerGroup
-from dapo.distributed.fsdp_worker import WorkerSpec, load_sharded, worker_factory
+from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
 from dapo.model.loader import load_model
-
-LR = 1e-3
-TOL = 1e-5
-
-
-def make_batch(vocab: int, rows: int, seed: int, P: int = 5, R: int = 7) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    plen = torch.randint(2, P + 1, (rows,), generator=g)
-    rlen = torch.randint(1, R + 1, (rows,), generator=g)
-    return padded_rl_batch(plen, rlen, P, R, vocab, g, token_low=7, group_size=2)
-
-
-def settings(mode: str = "token-mean", **kw) -> ActorSettings:
-    base = ActorSettings(
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size=2,
-        log_prob_micro_batch_size=3,
-        ppo_epochs=2,
-        shuffle=True,
-        data_loader_seed=3,
-        temperature=0.7,
-        loss_agg_mode=mode,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-        kl_loss_coef=0.0,
-    )
-    return dataclasses.replace(base, **kw)
-
-
-def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    pa = dict(a.named_parameters())
-    return max(float((pa[k].detach() - v.detach()).abs().max()) for k, v in b.named_parameters())
+from fixtures.actor_helpers import LR, TOL, actor_settings, max_diff, one_rank, rl_batch
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tiny_random_model_dir):
     torch.set_num_threads(1)
-    s = settings()
+    s = actor_settings()
     spec = WorkerSpec(model_path=str(tiny_random_model_dir), settings=s, lr=LR, weight_decay=0.01)
     group = ProcessWorkerGroup(worker_factory(spec), 2)
     actor = DistributedActor(group, s, rollout_model=load_model(tiny_random_model_dir), balance=True)
@@ -67,19 +32,11 @@ def two_ranks(tiny_random_model_dir):
         actor.shutdown()
 
 
-def one_rank(model_dir, s: ActorSettings, ckpt: str | None = None) -> Actor:
-    model = load_model(model_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    if ckpt is not None:
-        load_sharded(model, opt, ckpt)
-    return Actor(model, opt, s)
-
-
 def test_two_ranks_equal_one_rank_then_resume_at_one(two_ranks, tiny_random_model_dir, tmp_path):
     info = two_ranks.info()
     assert [i["backend"] for i in info] == ["gloo", "gloo"] and info[0]["mesh"] == (2,)
     vocab = two_ranks.rollout_model.config.vocab_size
-    batch = make_batch(vocab, rows=8, seed=0)
+    batch = rl_batch(vocab, rows=8, seed=0)
     ref = one_rank(tiny_random_model_dir, two_ranks.s)
     m1 = ref.update_policy(batch)
     m2 = two_ranks.update_policy(batch)  # 2 epochs x 2 shuffled mini-batches = 4 optimizer steps
@@ -103,7 +60,7 @@ def test_two_ranks_equal_one_rank_then_resume_at_one(two_ranks, tiny_random_mode
     # checkpoint at 2 ranks, one more step there; resume the checkpoint at 1 rank, same step
     ckpt = str(tmp_path / "dcp")
     two_ranks.save_sharded(ckpt)
-    batch2 = make_batch(vocab, rows=8, seed=1)
+    batch2 = rl_batch(vocab, rows=8, seed=1)
     m2b = two_ranks.update_policy(batch2)
     resumed = one_rank(tiny_random_model_dir, two_ranks.s, ckpt=ckpt)
     assert max_diff(resumed.model, ref.model) < TOL  # weights as saved
@@ -115,12 +72,12 @@ def test_two_ranks_equal_one_rank_then_resume_at_one(two_ranks, tiny_random_mode
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-sum"])
 def test_other_modes_with_padding_rows(two_ranks, tiny_random_model_dir, tmp_path, mode):
     """7 rows in mini-batches of 4 and 3: the 3-row one gets a zero-weight row on one rank."""
-    s = settings(mode, ppo_epochs=1, shuffle=False, grad_clip=1e9)
+    s = actor_settings(mode, ppo_epochs=1, shuffle=False, grad_clip=1e9)
     two_ranks.configure(s)
     ckpt = str(tmp_path / "start")
     two_ranks.save_sharded(ckpt)  # both sides start from the same weights and optimizer state
     ref = one_rank(tiny_random_model_dir, s, ckpt=ckpt)
-    batch = make_batch(two_ranks.rollout_model.config.vocab_size, rows=7, seed=2)
+    batch = rl_batch(two_ranks.rollout_model.config.vocab_size, rows=7, seed=2)
     m1 = ref.update_policy(batch)
     m2 = two_ranks.update_policy(batch)
     assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL * max(1.0, abs(m1["actor/pg_loss"]))
@@ -128,7 +85,7 @@ def test_other_modes_with_padding_rows(two_ranks, tiny_random_model_dir, tmp_pat
 
 
 def _fresh_group_matches_one_rank(model_dir, spec_kw: dict, device: str = "cpu") -> dict:
-    s = settings(ppo_epochs=1)
+    s = actor_settings(ppo_epochs=1)
     spec = WorkerSpec(
         model_path=str(model_dir), settings=s, lr=LR, weight_decay=0.01, device=device, **spec_kw
     )
@@ -136,7 +93,7 @@ def _fresh_group_matches_one_rank(model_dir, spec_kw: dict, device: str = "cpu")
         ProcessWorkerGroup(worker_factory(spec), 2), s, rollout_model=load_model(model_dir)
     )
     try:
-        batch = make_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
+        batch = rl_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
         ref = one_rank(model_dir, s)
         m1, m2 = ref.update_policy(batch), actor.update_policy(batch)
         assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL
