@@ -5,15 +5,13 @@ size in `dapo eval`, grade MATH answers without a box unannounced; and where a r
 
 from __future__ import annotations
 
-import json
-
 from omegaconf import OmegaConf
 
 from dapo.cli import main
 from dapo.config.load import load_config
 from dapo.data.parquet import read_rows, write_rows
 from dapo.tasks.arithmetic import write_task
-from runs import train_args
+from runs import run_summary, train_args
 
 
 def test_data_smaller_than_a_batch_warns_first_and_a_run_without_updates_fails(
@@ -39,7 +37,7 @@ def test_data_smaller_than_a_batch_warns_first_and_a_run_without_updates_fails(
     assert "fewer than one batch (data.train_batch_size=8)" in lines[warn]
     assert warn < next(i for i, x in enumerate(lines) if x.startswith("run directory:"))
     assert "nothing was trained" in out and "done" not in out
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = run_summary(run_dir)
     assert summary["steps"] == 2 and summary["steps_run"] == 2 and summary["updates"] == 0
     # test_freq=-1: the console says validation still runs after the last step
     note = [x for x in lines if x.startswith("note: trainer.test_freq=-1")]
