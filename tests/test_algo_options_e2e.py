@@ -1,12 +1,12 @@
 """Every algorithm option is reachable from `dapo train` and runs a step."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from dapo.cli import main
 from dapo.tasks.arithmetic import write_task
+from runs import metric_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -43,7 +43,7 @@ def _run(tmp_path, model_dir, data, *extra) -> dict:
         ]
     )
     assert rc == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     (row,) = [r for r in rows if r["step"] == 1]
     assert row["actor/grad_norm"] > 0 and row["actor/pg_loss"] == row["actor/pg_loss"]  # trained, not NaN
     return row
