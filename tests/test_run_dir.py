@@ -17,7 +17,14 @@ import torch
 
 from dapo.cli import main
 from dapo.outputs.rundir import RunDirError, RunLock, config_differences, keep_rows_through
-from runs import assert_each_step_once, metrics_by_step, small_run_args, subprocess_env
+from runs import (
+    assert_each_step_once,
+    jsonl_rows,
+    metrics_by_step,
+    run_summary,
+    small_run_args,
+    subprocess_env,
+)
 
 torch.set_num_threads(1)
 
@@ -105,7 +112,7 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(
 ):
     run = _copy(request.getfixturevalue(which), tmp_path)
     before = _files(run)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = run_summary(run)
     assert summary["val_acc_after"] is not None
     capsys.readouterr()
     extra = ["trainer.save_freq=1"] if which == "checkpointed" else []
@@ -161,8 +168,8 @@ def test_a_resume_at_the_last_step_writes_the_summary_with_its_validation(
     shutil.rmtree(run / "final_model")
     rows = (run / "metrics.jsonl").read_text()
     assert main(_args(run, tiny_random_model_dir, mod3_task, "trainer.save_freq=1")) == 0
-    want = json.loads((checkpointed / "summary.json").read_text())
-    got = json.loads((run / "summary.json").read_text())
+    want = run_summary(checkpointed)
+    got = run_summary(run)
     for key in ("steps", "stopped", "val_acc_before", "val_acc_after", "val_before", "val_after"):
         assert got[key] == want[key], key
     assert got["val_acc_after"] is not None and got["val_after"]
@@ -261,7 +268,7 @@ def test_keep_rows_through_keeps_each_step_once_up_to_the_checkpoint(tmp_path):
         "".join(json.dumps({"step": s, "i": i}) + "\n" for i, s in enumerate(rows)) + '{"step": 4, "i"'
     )
     assert keep_rows_through(f, 2) == [3]  # and the torn line
-    assert [(r["step"], r["i"]) for r in map(json.loads, f.read_text().splitlines())] == [
+    assert [(r["step"], r["i"]) for r in jsonl_rows(f)] == [
         (0, 0),
         (1, 4),
         (2, 5),
