@@ -6,7 +6,6 @@ and the run ends exactly as one that was never stopped. While the run trains, a 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from runs import (
     latest_checkpoint,
     live_rows,
     metrics_by_step,
+    run_summary,
     small_run_args,
     subprocess_env,
 )
@@ -52,7 +52,7 @@ def _assert_stopped_and_resumes_exactly(run, args, straight, out, reason):
         "a stop must save a checkpoint of the last finished step, even with trainer.save_freq=-1\n"
         + out[-3000:]
     )
-    summary = json.loads((run / "summary.json").read_text())
+    summary = run_summary(run)
     assert summary["stopped"] and summary["stopped_by"] == reason
     assert not (run / "final_model").exists()
 
@@ -103,6 +103,8 @@ def test_signal_finishes_step_saves_and_resumes_exactly(
                     os.kill(proc.pid, signal.SIGCONT)
                 break
             time.sleep(0.002)
+        else:
+            assert proc.poll() is not None, "the run logged no step in 900 s (a hang guard)"
         out, _ = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
