@@ -67,7 +67,7 @@ def captures(tmp_path_factory):
         for w, session, done in started:
             while not done.exists() and time.monotonic() < deadline:
                 time.sleep(0.5)
-            assert done.exists(), f"the {w}-column run did not finish"
+            assert done.exists(), f"the {w}-column run did not finish in 900 s (a hang guard)"
             time.sleep(0.5)  # the last lines reach the pane
             screen = _tmux(sock, "capture-pane", "-p", "-S", "-", "-t", session).stdout
             out[w] = (int(done.read_text()), screen.rstrip("\n").splitlines())
