@@ -23,35 +23,12 @@ from pathlib import Path
 import pytest
 
 from dapo.tools.sandbox import SandboxLimits, os_boundary_problem, run_python
+from fixtures.sandbox_helpers import ORPHAN, marked
 
 NO_BWRAP = os_boundary_problem()
 pytestmark = pytest.mark.skipif(NO_BWRAP is not None, reason=f"no OS sandbox here: {NO_BWRAP}")
 FILTER = [pytest.param(True, id="filter"), pytest.param(False, id="filter-off")]
 
-# {marker}: the name it takes; {then}: how it holds on after it has cut its ties
-ORPHAN = """\
-import ctypes, os, signal, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.prctl(1, 0, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, 0: no signal when bwrap dies
-    print('pdeathsig kept: errno', ctypes.get_errno())
-sig = ctypes.c_int(-1)
-libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
-print('pdeathsig now', sig.value)
-signal.signal(signal.SIGUSR1, lambda *a: None)
-signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
-libc.prctl(15, b'{marker}', 0, 0, 0)  # PR_SET_NAME: the host finds it by this
-signal.sigwait({{signal.SIGUSR1}})  # the host has seen it, and says so
-print('seen by the host', flush=True)
-def cut_ties():
-    for fd in range(0, 64):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-{then}
-cut_ties()
-time.sleep(3600)
-"""
 THEN = {
     "timeout": "",
     # write until the parent stops reading (it kills at the output limit), then hang on
@@ -63,23 +40,6 @@ THEN = {
             pass
     """),
 }
-
-
-def marked(marker: str, zombies: bool = True) -> list[int]:
-    """Host pids of processes named ``marker`` (zombies too, unless told not to: a zombie holds
-    nothing but its entry, and the host's init reaps it in its own time)."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
-        if name == marker and (zombies or state not in "ZX"):
-            found.append(int(d))
-    return found
 
 
 def kill_leftovers(marker: str) -> None:
@@ -134,7 +94,7 @@ TRAINER = """\
 import os, signal, sys, threading, time
 sys.path[:0] = [{tests!r}]
 from dapo.tools.sandbox import SandboxLimits, run_python
-from test_tools_sandbox_lifetime import ORPHAN, marked
+from fixtures.sandbox_helpers import ORPHAN, marked
 marker, syscall_filter = sys.argv[1], sys.argv[2] == '1'
 def announce():
     while not marked(marker):
