@@ -4,11 +4,10 @@ Builds the built-in tiny model on first use (a few minutes; the test session kee
 own cache, see conftest.py), then runs a short form of `make demo`.
 """
 
-import json
-
 import pytest
 
 from dapo.cli import main
+from runs import metric_rows, run_summary
 
 
 @pytest.mark.slow
@@ -25,10 +24,10 @@ def test_default_preset_learns(tmp_path):
         ]
     )
     assert rc == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = run_summary(run_dir)
     before, after = summary["val_acc_before"], summary["val_acc_after"]
     assert after >= before + 0.15, (before, after)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run_dir)
     trained = [r for r in rows if "train/num_gen_batches" in r]
     assert len(trained) == 16
     # dynamic sampling really filtered groups on this task
