@@ -10,14 +10,18 @@ from dapo.tasks.reasoning import (
     MAX_STEPS,
     MIN_STEPS,
     SPARSE_TIER_WEIGHTS,
+    TIERS,
     Chain,
     apply,
+    chains_fingerprint,
     make_chain,
     make_chains,
     reasoning_task_fingerprint,
     sparse_split,
     split_chains,
+    tier_interleaved,
     to_row,
+    wide_split,
     working,
 )
 from runs import metric_rows
@@ -124,6 +128,45 @@ def test_sparse_task_is_mostly_beyond_reach_and_new_to_the_warm_start(char_token
     assert min(lengths) >= 128 and max(lengths) <= 215
 
 
+def test_tier_interleaved_keeps_every_prefix_at_the_tier_shares():
+    chains = [Chain(10 + i, (("+", 1),), t) for i, t in enumerate("e e m m m m h h b b b b b b".split())]
+    tiers = {"e": "easy", "m": "medium", "h": "hard", "b": "beyond"}
+    chains = [Chain(c.start, c.ops, tiers[c.tier]) for c in chains]
+    out = tier_interleaved(chains)
+    # keys (j + 1/2) / count: easy 1/4 3/4; medium 1/8 3/8 5/8 7/8; hard 1/4 3/4; beyond 1/12 3/12
+    # 5/12 7/12 9/12 11/12; ties go in tier order
+    assert [c.tier[0] for c in out] == list("bmehbmbbmehbmb")
+    assert sorted(c.start for c in out) == [c.start for c in chains]  # a reordering, nothing lost
+    # each tier's chains keep their own order
+    assert [c.start for c in out if c.tier == "medium"] == [12, 13, 14, 15]
+
+
+def test_wide_task_is_large_new_to_the_warm_start_and_held_out_on_every_tier(char_tokenizer):
+    from dapo.config.load import load_config
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    train, test = wide_split()
+    batch = int(load_config([], preset="reasoning").data.train_batch_size)
+    assert len(train) == 1536 and len(train) >= 30 * batch
+    assert [sum(c.tier == t for c in train) for t in TIERS] == [92, 61, 461, 922]
+    assert [sum(c.tier == t for c in test) for t in TIERS] == [32, 64, 64, 32]
+    train_q, test_q = {c.question for c in train}, {c.question for c in test}
+    warm_q = {c.question for c in warm_start_chains(0)}
+    assert len(train_q) == 1536 and len(test_q) == 192
+    assert not train_q & test_q and not train_q & warm_q and not test_q & warm_q
+    # the reasoning task's held-out chains are all in it, so the two tasks' learnable tiers compare
+    assert {c.question for c in split_chains(2000, 128, 0)[1]} <= test_q
+    for k in range(1, len(test) + 1):  # any data.val_max_samples prefix keeps the tier shares
+        for t in TIERS:
+            share = sum(c.tier == t for c in test) / len(test)
+            assert abs(sum(c.tier == t for c in test[:k]) - k * share) <= 1, (k, t)
+    lengths = [len(char_tokenizer(working(c), add_special_tokens=False)["input_ids"]) for c in train + test]
+    assert min(lengths) >= 128 and max(lengths) <= 215
+    assert (_digest(train), _digest(test)) == ("f4394ee0ac1d55a9", "d05da7ef961afc85")
+    assert chains_fingerprint(train, test) == "2dba44635b"
+    assert chains_fingerprint(*sparse_split()) == "1860f72499"  # the sparse task's cache folder
+
+
 def test_warm_start_targets_slip_at_each_kinds_rate():
     from dapo.tasks.tiny_reasoning_model import STEP_ACCURACY, noisy_values, step_kind, warm_start_target
 
@@ -157,7 +200,7 @@ def test_warm_start_never_sees_a_test_question():
     assert len(chains) > 0.95 * WARM_START_CHAINS and not {c.question for c in chains} & test
 
 
-@pytest.mark.parametrize("task", ["reasoning", "reasoning_sparse"])
+@pytest.mark.parametrize("task", ["reasoning", "reasoning_sparse", "reasoning_wide"])
 def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
     from dapo.cli import main
     from dapo.tasks.tiny_reasoning_model import build_reasoning_model
@@ -201,9 +244,14 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
     train = pq.read_table(data / "train.parquet").to_pylist()
     tiers = [r["extra_info"]["tier"] for r in train]
     counts = [tiers.count(t) for t in ("easy", "medium", "hard", "beyond")]
-    assert counts == ([15, 31, 15, 323] if task == "reasoning_sparse" else [504, 990, 506, 0])
-    chains = sparse_split()[0] if task == "reasoning_sparse" else split_chains(2000, 128, 0)[0]
+    expected = {"reasoning": [504, 990, 506, 0], "reasoning_sparse": [15, 31, 15, 323]}
+    assert counts == expected.get(task, [92, 61, 461, 922])
+    split = {"reasoning_sparse": sparse_split, "reasoning_wide": wide_split}
+    chains, test_chains = split.get(task, lambda: split_chains(2000, 128, 0))()
     assert [r["prompt"][0]["content"] for r in train] == [c.question for c in chains]
     test = pq.read_table(data / "test.parquet").to_pylist()
-    # both tasks are scored on the same held-out chains
-    assert [r["prompt"][0]["content"] for r in test] == [c.question for c in split_chains(2000, 128, 0)[1]]
+    # reasoning and reasoning_sparse are scored on the same held-out chains; each row names its tier
+    assert [r["prompt"][0]["content"] for r in test] == [c.question for c in test_chains]
+    assert [r["extra_info"]["tier"] for r in test] == [c.tier for c in test_chains]
+    if task != "reasoning_wide":
+        assert test_chains == split_chains(2000, 128, 0)[1]

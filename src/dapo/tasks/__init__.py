@@ -8,6 +8,7 @@ cache (``$DAPO_CACHE``, default ``~/.cache/dapo``) by one mechanism, ``cache.ens
 * ``reasoning``: chained operations with written working, and ``tiny_reasoning_model``
   (``dapo train --config-name reasoning``); ``reasoning_sparse``: the same chains and model,
   most of them beyond the model's reach, few groups with spread (``data.builtin_task=reasoning_sparse``);
+  ``reasoning_wide``: a pool of 1536 of them for coverage measurements, held out on every tier;
 * ``arithmetic_chat``: chat-form word problems for a real instruct model (``docs/smollm2.md``).
 
 Each folder's name carries a fingerprint of its recipe, so a changed recipe builds anew.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 #: ``data.builtin_task`` values (the tool task is chosen by ``multi_turn.enable`` instead)
-BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse")
+BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse", "reasoning_wide")
 
 
 def builtin_task_name(cfg: Any) -> str:
@@ -45,6 +46,10 @@ def builtin_task(
         from dapo.tasks.reasoning import ensure_sparse_task
 
         return ensure_sparse_task(log)
+    if name == "reasoning_wide":
+        from dapo.tasks.reasoning import ensure_wide_task
+
+        return ensure_wide_task(log)
     from dapo.tasks.arithmetic import ensure_task
 
     return ensure_task(log)
@@ -56,7 +61,7 @@ def builtin_model(name: str = "arithmetic", log: Callable[[str], None] = print) 
         from dapo.tasks.tiny_tool_model import ensure_tiny_tool_model
 
         return ensure_tiny_tool_model(log=log)
-    if name in ("reasoning", "reasoning_sparse"):
+    if name in ("reasoning", "reasoning_sparse", "reasoning_wide"):
         from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
 
         return ensure_reasoning_model(log=log)

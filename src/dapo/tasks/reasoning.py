@@ -26,6 +26,14 @@ sampler that predicts which prompts will not spread can skip them. Its held-out 
 ``reasoning`` task's (the three learnable tiers): a chain beyond reach would only add a zero to
 the accuracy.
 
+``reasoning_wide`` is for measuring coverage, how much of a large pool a sampler keeps visiting:
+its pool is 1536 chains (192 batches of the preset's 8 prompts, so 100 steps visit most prompts
+only a few times), 60% ``beyond`` and 30% ``hard`` (most hard groups are all wrong at the warm
+start, yet hard chains are learnable: a sampler that stops visiting them shows it). Its held-out
+set is the ``reasoning`` test chains plus 32 ``hard`` and 32 ``beyond`` ones, each row's tier in
+``extra_info.tier``, in an order whose every prefix keeps the tier shares (so a
+``data.val_max_samples`` prefix is a smaller copy of the whole).
+
 Nothing here runs model output: rows are data, and the grader is the math_dapo regex.
 """
 
@@ -46,6 +54,11 @@ MIN_STEPS, MAX_STEPS = 9, 12
 # the warm start, so one strategy=verl round of 3x the batch rarely fills a step)
 SPARSE_TIER_WEIGHTS = {"easy": 0.04, "medium": 0.08, "hard": 0.04, "beyond": 0.84}
 SPARSE_TRAIN_SIZE = 384
+# reasoning_wide's training pool (every medium chain the warm start and the test sets leave is
+# about 76, so medium stays small) and the chains its held-out set adds to the reasoning task's
+WIDE_TIER_WEIGHTS = {"easy": 0.06, "medium": 0.04, "hard": 0.3, "beyond": 0.6}
+WIDE_TRAIN_SIZE = 1536
+WIDE_EXTRA_TEST = {"hard": 32, "beyond": 32}
 # draws in a row that meet only chains already taken before make_chains gives up on a tier
 MAX_MISSES = 20_000
 
@@ -203,8 +216,8 @@ def sparse_split() -> tuple[list[Chain], list[Chain]]:
     return make_chains(SPARSE_TRAIN_SIZE, SEED + 2, SPARSE_TIER_WEIGHTS, seen), test
 
 
-def sparse_task_fingerprint(train: list[Chain], test: list[Chain]) -> str:
-    """A short hash of the ``reasoning_sparse`` chains and the warm start's recipe they exclude."""
+def chains_fingerprint(train: list[Chain], test: list[Chain]) -> str:
+    """A short hash of a split's chains and the warm start's recipe they exclude."""
     from dapo.tasks.tiny_reasoning_model import recipe_fingerprint
 
     text = repr((recipe_fingerprint(), [working(c) for c in train + test]))
@@ -217,5 +230,44 @@ def ensure_sparse_task(log: Callable[[str], None] = lambda line: None) -> tuple[
 
     train, test = sparse_split()  # once: it names the cache folder and fills it
     return ensure_task_files(
-        "reasoning_sparse", sparse_task_fingerprint(train, test), lambda d: write_chains(d, train, test), log
+        "reasoning_sparse", chains_fingerprint(train, test), lambda d: write_chains(d, train, test), log
+    )
+
+
+def tier_interleaved(chains: list[Chain]) -> list[Chain]:
+    """``chains`` reordered so that every prefix holds each tier at its share of the whole, within
+    one chain: the ``j``-th of a tier's ``c`` chains sits at ``(j + 1/2) / c`` of the way."""
+    by_tier: dict[str, list[Chain]] = {}
+    for c in chains:
+        by_tier.setdefault(c.tier, []).append(c)
+    keyed = [
+        ((j + 0.5) / len(group), TIERS.index(tier), c)
+        for tier, group in by_tier.items()
+        for j, c in enumerate(group)
+    ]
+    return [c for _, _, c in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def wide_split() -> tuple[list[Chain], list[Chain]]:
+    """The ``reasoning_wide`` task's train and test chains: the test chains are the ``reasoning``
+    task's and ``WIDE_EXTRA_TEST`` more, tier-interleaved; no train chain is a test chain or one
+    the warm start trained on, and no added test chain is one the warm start trained on."""
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    base = split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1]
+    seen = frozenset(c.question for c in warm_start_chains(0) + base)
+    total = sum(WIDE_EXTRA_TEST.values())
+    extra = make_chains(total, SEED + 3, {t: k / total for t, k in WIDE_EXTRA_TEST.items()}, seen)
+    test = tier_interleaved(base + extra)
+    seen |= {c.question for c in extra}
+    return make_chains(WIDE_TRAIN_SIZE, SEED + 4, WIDE_TIER_WEIGHTS, seen), test
+
+
+def ensure_wide_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The ``reasoning_wide`` task's ``train.parquet`` and ``test.parquet`` in the dapo cache."""
+    from dapo.tasks.cache import ensure_task_files
+
+    train, test = wide_split()
+    return ensure_task_files(
+        "reasoning_wide", chains_fingerprint(train, test), lambda d: write_chains(d, train, test), log
     )
