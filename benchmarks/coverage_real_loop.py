@@ -296,7 +296,7 @@ def main() -> int:
             arm, seed = jobs[job]
             try:
                 r = job.result()
-            except subprocess.CalledProcessError as e:
+            except (subprocess.CalledProcessError, RuntimeError) as e:
                 failed.append((arm, seed))
                 print(
                     f"seed {seed} {arm}: failed ({e}); see {args.out / 'logs'}", file=sys.stderr, flush=True

@@ -234,7 +234,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
         "| arm | held-out acc | at matched tokens | at matched wall | generated tokens (M) | wall s "
         "| distinct prompts trained | train − held-out | start-all-wrong chains | " + " | ".join(TIERS) + " |"
     )
-    lines = [head, "|" + "---|" * (10 + len(TIERS))]
+    lines = [head, "|" + "---|" * (9 + len(TIERS))]
     for arm, s in summary["arms"].items():
         tiers = [
             _cell(s["final_acc_by_tier"][t], "{:.3f}") if t in s["final_acc_by_tier"] else "n/a"

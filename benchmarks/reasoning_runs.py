@@ -86,4 +86,6 @@ def train_reasoning(
         else:
             with open(log, "a") as out:
                 subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+        if not (run_dir / "finished.json").exists():  # stopped by a signal: it exits 0, unfinished
+            raise RuntimeError(f"{run_dir}: the run stopped before its last step; run again to continue it")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

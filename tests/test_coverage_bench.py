@@ -273,3 +273,22 @@ def test_the_arms_differ_where_they_should(tmp_path):
     assert "data.val_files=/t/test.parquet" in keys and cost["wall_s"] == 1.0
     keys, cost = bench.arm_overrides(args, "verl", None, tmp_path, task)
     assert "actor_rollout_ref.actor.on_policy_fast_path=true" in keys and cost is None
+
+
+def test_an_unfinished_run_of_the_same_config_is_continued_not_replaced(tmp_path):
+    from reasoning_runs import PRESET, recorded_config, same_config, train_args
+
+    from dapo.config.load import load_config, to_yaml
+    from dapo.config.resolve import resolve
+
+    args = train_args(1, 20, 10, ["data.builtin_task=reasoning_wide"])
+    run = tmp_path / "run"
+    run.mkdir()
+    assert not recorded_config(run, args)  # nothing started there
+    text = to_yaml(resolve(load_config([*args, f"trainer.default_local_dir={run}"], preset=PRESET)))
+    (run / "config.yaml").write_text(text)
+    # started with this configuration (where it ran aside): continued, but not read as finished
+    assert recorded_config(run, args) and not same_config(run, args)
+    assert not recorded_config(run, train_args(2, 20, 10, ["data.builtin_task=reasoning_wide"]))
+    (run / "finished.json").write_text("{}")
+    assert same_config(run, args)
