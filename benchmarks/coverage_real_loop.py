@@ -61,6 +61,7 @@ ARMS: dict[str, list[str]] = {
     "grpo": ["algorithm.filter_groups.enable=false", "data.gen_batch_size=${data.train_batch_size}"],
 }
 OFFLINE_ARMS = ("verl_filtered", "verl_tuned")
+PASS = "offline_pass"  # the job of a seed's offline pass
 HERE = Path(__file__).resolve().parent
 RESULTS = "results"
 
@@ -229,6 +230,15 @@ def run_arm(
     return record
 
 
+def job_order(seeds: Sequence[int], arms: Sequence[str]) -> list[tuple[int, str]]:
+    """``(seed, job)`` in start order: for each seed its offline pass first (when an arm needs
+    one), then the arms without one, then those with one, so that no slot waits on the pass
+    while another arm could run."""
+    needs = [a for a in arms if a in OFFLINE_ARMS]
+    order = [a for a in arms if a not in OFFLINE_ARMS] + needs
+    return [(seed, job) for seed in seeds for job in ([PASS] if needs else []) + order]
+
+
 def tiers_of(path: Path) -> dict[str, str]:
     """question -> tier of a task parquet's rows."""
     from dapo.data.parquet import read_rows
@@ -287,19 +297,26 @@ def main() -> int:
     t0 = time.time()
     records, failed = [], []
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        jobs = {
-            pool.submit(run_arm, args, arm, seed, passes, task): (arm, seed)
-            for seed in args.seeds
-            for arm in args.arms  # interleaved: a seed's arms run side by side, in this order
-        }
+        jobs = {}
+        for seed, name in job_order(args.seeds, args.arms):  # interleaved: seed by seed, arm by arm
+            if name == PASS:
+                jobs[pool.submit(passes.get, seed)] = (name, seed)
+            else:
+                jobs[pool.submit(run_arm, args, name, seed, passes, task)] = (name, seed)
         for job in as_completed(jobs):
             arm, seed = jobs[job]
             try:
                 r = job.result()
             except (subprocess.CalledProcessError, RuntimeError) as e:
                 failed.append((arm, seed))
+                print(f"seed {seed} {arm}: failed ({e}); see {args.out}", file=sys.stderr, flush=True)
+                continue
+            if arm == PASS:
                 print(
-                    f"seed {seed} {arm}: failed ({e}); see {args.out / 'logs'}", file=sys.stderr, flush=True
+                    f"[{time.time() - t0:6.0f} s] seed {seed} offline pass: kept rate {r['kept_rate']:.3f} "
+                    f"({r['kept']} of {r['prompts']}), {r['wall_s']:.0f} s, {r['cpu_s']:.0f} CPU s",
+                    file=sys.stderr,
+                    flush=True,
                 )
                 continue
             records.append(r)

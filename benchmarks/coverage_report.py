@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reasoning_runs import run_usage
+
 from dapo.outputs.records import read_metrics
 
 # a chain's question as the prompt holds it, e.g. "47 1)+8 2)+8 =" (dapo.tasks.reasoning)
@@ -142,6 +144,7 @@ def run_record(
     def mean_of(key: str) -> float:
         return sum(float(r.get(key, 0.0)) for r in steps) / max(1, len(steps))
 
+    usage = run_usage(run_dir)
     by_tier: dict[str, int] = defaultdict(int)
     for q in trained:
         by_tier[train_tiers.get(q, "unknown")] += 1
@@ -168,6 +171,10 @@ def run_record(
         "step_s": mean_of("timing_s/step"),
         "phase_s": {p: mean_of(f"timing_s/{p}") for p in ("gen", "old_log_prob", "update_actor")},
         "rounds_per_step": mean_of("train/num_gen_batches"),
+        # the run's processes (startup and validation included): the CPU share it got of its core
+        "process_cpu_s": usage["cpu_s"],
+        "process_wall_s": usage["wall_s"],
+        "cpu_share": usage["cpu_s"] / usage["wall_s"] if usage["wall_s"] else None,
     }
 
 

@@ -4,7 +4,7 @@ settings), then the pool without the prompts whose samples were all wrong or all
 the kept rate that sizes ``data.gen_batch_size`` so that one round usually fills a batch.
 
 As a script it runs the pass for one seed into ``--out``: ``pass.json`` (every prompt's pass
-rate, the pass's generated response tokens and its wall time, generation and scoring only) and
+rate, the pass's generated response tokens, its wall and CPU time, generation and scoring only) and
 ``filtered.parquet`` (the pool's rows with spread, as written). A ``pass.json`` already there is
 kept: the pass is not run again.
 
@@ -105,12 +105,12 @@ def run_pass(seed: int, out: Path, task: str, extra: Sequence[str]) -> dict[str,
     train_parquet = str(builtin_task(task)[0])
     cfg = load_config(pass_overrides(seed, out, task, train_parquet, extra), preset=PRESET)
     trainer = Trainer(cfg, printer=lambda line: None)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     batch = trainer.rollout.generate_validation(
         trainer.val_rows, int(trainer.cfg.data.val_batch_size), seed + PASS_SEED_OFFSET
     )
     extra_info = trainer.round.score(batch, GenContext())
-    wall_s = time.perf_counter() - t0
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     tokens = float(batch.tensors["response_mask"].sum().item())
     rates = pass_rates(list(batch["uid"]), [float(a) for a in extra_info["acc"]])
     rows = read_rows(train_parquet)
@@ -131,6 +131,7 @@ def run_pass(seed: int, out: Path, task: str, extra: Sequence[str]) -> dict[str,
         "all_right": sum(r == 1 for r in by_row),
         "generated_response_tokens": tokens,
         "wall_s": wall_s,
+        "cpu_s": cpu_s,
         "pass_rates": by_row,
         "tiers": [r.extra_info.get("tier") for r in trainer.val_rows],
         "torch_threads": torch.get_num_threads(),

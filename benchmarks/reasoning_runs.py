@@ -9,12 +9,17 @@ configuration is continued from its last checkpoint (``trainer.resume_mode=auto`
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 PRESET = "reasoning"
+# each invocation's CPU and wall seconds (run_measured), one line each
+CPU_FILE = "cpu_usage.jsonl"
 
 
 def train_args(
@@ -58,6 +63,27 @@ def same_config(run_dir: Path, args: list[str]) -> bool:
     return (run_dir / "finished.json").exists() and recorded_config(run_dir, args)
 
 
+def run_measured(cmd: list[str], **popen: Any) -> dict[str, float]:
+    """Run ``cmd``; its CPU seconds (user + system, with its waited-for children) and wall
+    seconds. The CPU time does not grow with the machine's load as the wall time does: one
+    thread's run takes about its CPU time on an idle core. Raises ``CalledProcessError`` when
+    it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, **popen)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.perf_counter() - t0}
+
+
+def run_usage(run_dir: Path) -> dict[str, float]:
+    """The CPU and wall seconds of every ``dapo train`` invocation of a run, summed."""
+    path = run_dir / CPU_FILE
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    return {k: sum(r[k] for r in rows) for k in ("cpu_s", "wall_s")}
+
+
 def train_reasoning(
     run_dir: Path,
     seed: int,
@@ -82,10 +108,12 @@ def train_reasoning(
         cmd = [sys.executable, "-m", "dapo.cli", "train", "--config-name", PRESET, *args]
         cmd.append(f"trainer.default_local_dir={run_dir}")
         if log is None:
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            usage = run_measured(cmd, stdout=subprocess.DEVNULL)
         else:
             with open(log, "a") as out:
-                subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+                usage = run_measured(cmd, stdout=out, stderr=subprocess.STDOUT)
+        with open(run_dir / CPU_FILE, "a") as f:
+            f.write(json.dumps(usage) + "\n")
         if not (run_dir / "finished.json").exists():  # stopped by a signal: it exits 0, unfinished
             raise RuntimeError(f"{run_dir}: the run stopped before its last step; run again to continue it")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

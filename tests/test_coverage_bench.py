@@ -190,6 +190,8 @@ def test_run_record_against_a_hand_run(tmp_path):
     for step, keys in ((1, ["e1", "h1"]), (2, ["h1", "b1"])):
         prompts = [f"user\n{Q[k]}\nassistant\n" for k in keys for _ in range(2)]
         dump_generations(run / "rollouts", step, prompts, ["x"] * 4, ["0"] * 4, [0.0] * 4, {"acc": [0.0] * 4})
+    # two invocations (a resumed run): their CPU and wall seconds add up
+    (run / "cpu_usage.jsonl").write_text('{"cpu_s": 3.0, "wall_s": 10.0}\n{"cpu_s": 1.0, "wall_s": 2.0}\n')
     train_tiers = {**VAL_TIERS, "99 1)+1 2)+1 =": "easy"}
     offline = {"generated_response_tokens": 1000.0, "wall_s": 10.0, "kept_rate": 0.5}
     rec = run_record(run, "verl_tuned", 1, VAL_TIERS, train_tiers, offline=offline, window=1)
@@ -206,6 +208,7 @@ def test_run_record_against_a_hand_run(tmp_path):
     assert rec["distinct_prompts_trained"] == 3 and rec["pool_size"] == 5
     assert rec["distinct_prompts_trained_by_tier"] == {"beyond": 1, "easy": 1, "hard": 1}
     assert rec["step_s"] == 3.0 and rec["phase_s"]["gen"] == 2.0 and rec["rounds_per_step"] == 2.0
+    assert (rec["process_cpu_s"], rec["process_wall_s"], rec["cpu_share"]) == (4.0, 12.0, 4.0 / 12.0)
     rec = run_record(run, "grpo", 1, VAL_TIERS, train_tiers, window=2)  # no offline pass
     assert rec["curve"][0]["wall_s"] == 0.0 and rec["gen_tokens"] == 400.0
     assert rec["train_acc_generated_last"] == pytest.approx(0.4)
@@ -292,3 +295,23 @@ def test_an_unfinished_run_of_the_same_config_is_continued_not_replaced(tmp_path
     assert not recorded_config(run, train_args(2, 20, 10, ["data.builtin_task=reasoning_wide"]))
     (run / "finished.json").write_text("{}")
     assert same_config(run, args)
+
+
+def test_job_order_puts_each_seeds_pass_first_and_its_arms_last():
+    order = bench.job_order([1, 2], ["verl", "verl_filtered", "verl_tuned", "ours", "grpo"])
+    seed1 = ["offline_pass", "verl", "ours", "grpo", "verl_filtered", "verl_tuned"]
+    assert order == [(1, j) for j in seed1] + [(2, j) for j in seed1]
+    assert bench.job_order([3], ["ours", "grpo"]) == [(3, "ours"), (3, "grpo")]  # no pass needed
+
+
+def test_run_measured_counts_the_childs_cpu_and_raises_on_failure():
+    import subprocess
+
+    from reasoning_runs import run_measured
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    usage = run_measured([sys.executable, "-c", spin])
+    assert usage["cpu_s"] >= 0.3 and usage["wall_s"] > 0
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_measured([sys.executable, "-c", "raise SystemExit(3)"])
+    assert e.value.returncode == 3
