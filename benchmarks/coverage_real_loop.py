@@ -28,7 +28,10 @@ Reported per arm and seed: held-out accuracy against training time (the sum of
 at the cost where the cheapest arm of the seed ends (linear between validations), the final
 accuracy per tier and on the held-out chains that no sample solved at the step-0 validation,
 the mean ``train/acc_generated`` of the last ``--test-freq`` steps minus the final held-out
-accuracy, and the distinct prompts trained (from the rollout dumps).
+accuracy (the pool and the held-out set mix the tiers differently, so read it between arms,
+not as a generalisation gap on its own), and the distinct prompts trained (from the rollout
+dumps). Each record also holds the run's CPU seconds and the share of a core it got (its
+wall-clock figures grow with the machine's load; its CPU seconds do not).
 
     .venv/bin/python benchmarks/coverage_real_loop.py --seeds 1 2 3 --steps 100 --out DIR \\
         [--task reasoning_wide|reasoning] [key=value ...]
@@ -63,6 +66,10 @@ ARMS: dict[str, list[str]] = {
 OFFLINE_ARMS = ("verl_filtered", "verl_tuned")
 PASS = "offline_pass"  # the job of a seed's offline pass
 HERE = Path(__file__).resolve().parent
+# reasoning_wide's held-out rows are tier-interleaved, so the first 96 are 16 easy, 32 medium, 32
+# hard and 16 beyond: half the validation time of all 192, which keeps 6 arms x 3 seeds x 100
+# steps within 3 hours at a core per run (docs/results.md, "Not run yet")
+VAL_SAMPLES = 96
 RESULTS = "results"
 
 
@@ -269,7 +276,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--test-freq", type=int, default=10)
     ap.add_argument(
-        "--val-samples", type=int, default=-1, help="held-out prompts per validation (data.val_max_samples)"
+        "--val-samples",
+        type=int,
+        default=VAL_SAMPLES,
+        help=f"held-out prompts per validation (data.val_max_samples; default {VAL_SAMPLES}, -1: all)",
     )
     ap.add_argument("--save-freq", type=int, default=10, help="checkpoint every N steps, to resume from")
     ap.add_argument("--margin", type=float, default=1.25, help="verl_tuned: gen_batch_size headroom")
