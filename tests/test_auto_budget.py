@@ -18,6 +18,7 @@ from dapo.actor.auto_budget import AutoBudget, AutoBudgetConfig
 from dapo.actor.dp_actor import actor_settings_from_config
 from dapo.config.load import load_config
 from dapo.config.validate import validate
+from fixtures.config_helpers import run_config
 
 CHILD = Path(__file__).with_name("auto_budget_child.py")
 
@@ -57,15 +58,12 @@ def test_auto_config_keys():
     assert (
         p.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto") and "use_dynamic_bsz=true" in p
     )
-    cfg = load_config(
-        [
-            *base,
-            "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=auto",
-            "trainer.auto_budget.memory_limit_gb=2",
-        ]
+    cfg = run_config(
+        *base,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=auto",
+        "trainer.auto_budget.memory_limit_gb=2",
     )
-    assert validate(cfg) == []
     a = actor_settings_from_config(cfg).auto_budget
     assert a.ppo and a.log_prob and a.memory_limit_gb == 2.0 and a.margin == 0.2
     (p,) = validate(load_config(["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=lots"]))

@@ -296,11 +296,7 @@ class Actor:
 
 
 def actor_settings_from_config(cfg: Any) -> ActorSettings:
-    """The actor's numbers from a config (mini-batch sizes in trajectories), read after
-    ``dapo.config.resolve`` has filled every derived key."""
-    from dapo.config.resolve import resolve
-
-    cfg = resolve(cfg)
+    """The actor's numbers from the resolved run config (mini-batch sizes in trajectories)."""
     a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     pl = a.policy_loss
     return ActorSettings(

@@ -307,8 +307,8 @@ class RolloutConfig:
     # verl's default is false; we always keep the sampler's log-probs (they cost nothing here)
     calculate_log_probs: bool = True
     # vLLM engine settings (rollout.name=vllm; the own engine ignores them), verl's names.
-    # gen_tp: vLLM's tensor parallel degree; null means 1
-    tensor_model_parallel_size: int | None = None
+    # gen_tp: vLLM's tensor parallel degree (verl's default is 2; one device here)
+    tensor_model_parallel_size: int = 1
     # share of GPU memory vLLM may take (weights + KV cache); null means vLLM's default (0.9)
     gpu_memory_utilization: float | None = None
     # null means the actor's parameter dtype, so the sampler's log-probs match the trainer's

@@ -69,3 +69,20 @@ def load_tool_config(path: str | Path) -> list[BaseTool]:
     with open(p) as f:
         data = yaml.safe_load(f)
     return tools_from_config(data, str(p))
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """The tool config of a multi-turn run must load: loading builds each tool, which checks its
+    own config (the code interpreter refuses to start without an OS sandbox unless its config
+    opts in to the weak mode), so a bad file is named before any work (``dapo.run_config``)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not (mt.enable and mt.tool_config_path):
+        return []
+    path = str(mt.tool_config_path)
+    try:
+        load_tool_config(path)
+    except ToolConfigError as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {exc}"]
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
+    return []
