@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from dapo.actor.dp_actor import Actor, ActorSettings
+from dapo.actor.dp_actor import Actor, ActorSettings, actor_settings
 from dapo.algo.agg import LOSS_AGG_MODES
-from dapo.algo.policy_loss import PolicyLossConfig
 from dapo.batch import Batch
 from dapo.bench.common import padded_rl_batch
 
@@ -18,18 +17,20 @@ def _batch(vocab: int, rows: int = 8, P: int = 5, R: int = 7, seed: int = 0) -> 
     return padded_rl_batch(prompt_len, resp_len, P, R, vocab, g, token_low=7, group_size=2)
 
 
-def _settings(micro: int, mode: str, entropy_coeff: float = 0.0) -> ActorSettings:
-    return ActorSettings(
+def _settings(micro: int, mode: str, remove_padding: bool = False, **actor: object) -> ActorSettings:
+    return actor_settings(
         ppo_mini_batch_size=8,
-        ppo_micro_batch_size=micro,
-        log_prob_micro_batch_size=8,
+        ppo_micro_batch_size_per_gpu=micro,
         data_loader_seed=0,
         grad_clip=1e9,
-        temperature=0.7,
         loss_agg_mode=mode,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-        entropy_coeff=entropy_coeff,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
         kl_loss_coef=0.0,
+        **actor,
+        rollout=dict(temperature=0.7, log_prob_micro_batch_size_per_gpu=8),
+        model=dict(use_remove_padding=remove_padding),
     )
 
 

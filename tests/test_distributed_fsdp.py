@@ -9,13 +9,10 @@ batch that needs zero-weight padding; the weights reach the rollout model; a che
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
-from dapo.algo.policy_loss import PolicyLossConfig
+from dapo.actor.dp_actor import Actor, ActorSettings, actor_settings, compute_log_prob
 from dapo.batch import Batch
 from dapo.bench.common import padded_rl_batch
 from dapo.distributed import DistributedActor, ProcessWorkerGroup
@@ -33,20 +30,25 @@ def make_batch(vocab: int, rows: int, seed: int, P: int = 5, R: int = 7) -> Batc
     return padded_rl_batch(plen, rlen, P, R, vocab, g, token_low=7, group_size=2)
 
 
-def settings(mode: str = "token-mean", **kw) -> ActorSettings:
-    base = ActorSettings(
+def settings(mode: str = "token-mean", use_remove_padding: bool = False, **kw) -> ActorSettings:
+    """The actor keys ``kw`` over a small two-epoch setup (``rollout.n=1``: a mini-batch of 4 rows)."""
+    base = dict(
         ppo_mini_batch_size=4,
-        ppo_micro_batch_size=2,
-        log_prob_micro_batch_size=3,
+        ppo_micro_batch_size_per_gpu=2,
         ppo_epochs=2,
         shuffle=True,
         data_loader_seed=3,
-        temperature=0.7,
         loss_agg_mode=mode,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
         kl_loss_coef=0.0,
     )
-    return dataclasses.replace(base, **kw)
+    return actor_settings(
+        **{**base, **kw},
+        rollout=dict(temperature=0.7, log_prob_micro_batch_size_per_gpu=3),
+        model=dict(use_remove_padding=use_remove_padding),
+    )
 
 
 def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:

@@ -83,15 +83,14 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
         a.clip_ratio_low = a.clip_ratio
     if a.clip_ratio_high is None:
         a.clip_ratio_high = a.clip_ratio
-    dp = data_parallel_size(cfg)
     if a.ppo_micro_batch_size_per_gpu is None:
         a.ppo_micro_batch_size_per_gpu = (
-            max(1, a.ppo_micro_batch_size // dp) if a.ppo_micro_batch_size else a.ppo_mini_batch_size * r.n
+            per_rank(a.ppo_micro_batch_size, cfg) if a.ppo_micro_batch_size else a.ppo_mini_batch_size * r.n
         )
     a.ppo_micro_batch_size = None
     if r.log_prob_micro_batch_size_per_gpu is None:
         r.log_prob_micro_batch_size_per_gpu = (
-            max(1, r.log_prob_micro_batch_size // dp)
+            per_rank(r.log_prob_micro_batch_size, cfg)
             if r.log_prob_micro_batch_size
             else a.ppo_micro_batch_size_per_gpu
         )
@@ -160,6 +159,11 @@ def max_resp_len(cfg: Any) -> tuple[int, str]:
     if given is not None:
         return int(given), "reward_model.reward_kwargs.max_resp_len"
     return int(cfg.data.max_response_length), "data.max_response_length"
+
+
+def per_rank(global_micro_batch_size: int, cfg: Any) -> int:
+    """A deprecated global micro-batch size (all ranks) as verl's per-rank one."""
+    return max(1, int(global_micro_batch_size) // data_parallel_size(cfg))
 
 
 def data_parallel_size(cfg: Any) -> int:

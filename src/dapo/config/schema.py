@@ -454,9 +454,7 @@ class CustomRewardFunctionConfig:
 
 @dataclass
 class AutoBudgetConfig:
-    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized. ``memory_limit_gb``: what
-    the process may use (null: what the device / machine has free, the address-space limit or
-    the cgroup limit, whichever is smallest); ``margin``: the share of it kept free."""
+    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized (``dapo.actor.auto_budget``)."""
 
     # what the process may use in GB; null: the smallest of device/machine free memory, RLIMIT_AS, cgroup
     memory_limit_gb: float | None = None

@@ -12,7 +12,7 @@ from typing import Any
 
 from dapo.config import sampling as sampling_cfg
 from dapo.config.compat import unimplemented_problems
-from dapo.config.resolve import data_parallel_size, max_resp_len
+from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -71,13 +71,16 @@ def validate(cfg: Any) -> list[str]:
                 "set only ppo_micro_batch_size_per_gpu (the other is deprecated)"
             )
         else:
-            m = micro if micro is not None else micro_g
-            per_rank = mini * n // max(1, data_parallel_size(cfg))
+            if micro is not None:
+                m = micro
+            else:  # the deprecated global key, per rank as the run will use it
+                m = per_rank(micro_g, cfg) if micro_g >= 1 else micro_g
+            rank_mini = mini * n // max(1, data_parallel_size(cfg))
             need(m >= 1, f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: must be >= 1, got {m}")
             if m >= 1 and mini >= 1:
                 need(
-                    per_rank % m == 0,
-                    f"the mini-batch of {per_rank} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
+                    rank_mini % m == 0,
+                    f"the mini-batch of {rank_mini} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
                     f"divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m}",
                 )
     need(

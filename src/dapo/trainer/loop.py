@@ -277,7 +277,7 @@ class Trainer:
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
         if not hasattr(self, "_peak_flops"):  # measured once per run (on a CPU it draws from torch's RNG)
             self._peak_flops = device_peak_flops(self.device, next(self.model.parameters()).dtype)
-        seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.ppo_epochs
+        seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.actor.ppo_epochs
         seconds = self.timer.raw.get("update_actor", 0.0)
         metrics.update(
             actor_perf_metrics(self.model.config, seq_lens, seconds, self.device, self._peak_flops)
