@@ -168,6 +168,7 @@ def validate(cfg: Any) -> list[str]:
     if rollout.name == "vllm":
         p.extend(_vllm_problems(rollout, cfg))
     p.extend(_stream_problems(cfg))
+    p.extend(multi_turn_problems(rollout.multi_turn))
 
     rc = alg.rollout_correction
     need(
@@ -178,20 +179,7 @@ def validate(cfg: Any) -> list[str]:
 
     # reward shaping
     p.extend(overlong_problems(cfg.reward_model.overlong_buffer, *max_resp_len(cfg)))
-    sc = cfg.reward_model.scoring
-    need(
-        sc.mode in ("auto", "process", "inline"),
-        f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}",
-    )
-    need(sc.timeout_s > 0, f"reward_model.scoring.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
-    need(
-        sc.step_timeout_s is None or sc.step_timeout_s > 0,
-        f"reward_model.scoring.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}",
-    )
-    need(
-        sc.memory_limit_mb >= 0,
-        f"reward_model.scoring.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}",
-    )
+    p.extend(scoring_problems(cfg.reward_model.scoring))
     if objectives and cfg.custom_reward_function.path:
         p.append(
             "reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective"
@@ -223,6 +211,45 @@ def validate(cfg: Any) -> list[str]:
     p.extend(unimplemented_problems(cfg)[0])
     p.extend(_sequence_parallel_problems(cfg))
     return p
+
+
+def scoring_problems(sc: Any) -> list[str]:
+    """``reward_model.scoring``'s rules; also the reward manager's when it is built directly."""
+    key = "reward_model.scoring"
+    out = []
+    if sc.mode not in ("auto", "process", "inline"):
+        out.append(f"{key}.mode: must be auto, process or inline, got {sc.mode!r}")
+    if not sc.timeout_s > 0:
+        out.append(f"{key}.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
+    if sc.step_timeout_s is not None and not sc.step_timeout_s > 0:
+        out.append(f"{key}.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}")
+    if not sc.memory_limit_mb >= 0:
+        out.append(f"{key}.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}")
+    return out
+
+
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+def multi_turn_problems(mt: Any) -> list[str]:
+    """``actor_rollout_ref.rollout.multi_turn``'s own rules (the tool-call ``format`` is the tool
+    parser's rule); also the multi-turn loop's when it is built directly."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    out = []
+    if mt.tool_response_truncate_side not in TRUNCATE_SIDES:
+        out.append(
+            f"{key}.tool_response_truncate_side: must be one of {', '.join(TRUNCATE_SIDES)}, "
+            f"got {mt.tool_response_truncate_side!r}"
+        )
+    if mt.max_parallel_calls < 1:
+        out.append(f"{key}.max_parallel_calls: must be >= 1, got {mt.max_parallel_calls}")
+    if mt.max_tool_response_length < 1:
+        out.append(f"{key}.max_tool_response_length: must be >= 1, got {mt.max_tool_response_length}")
+    for name in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(mt, name)
+        if v is not None and v < 1:
+            out.append(f"{key}.{name}: must be >= 1 or null, got {v}")
+    return out
 
 
 def overlong_problems(ob: Any, max_len: int, max_key: str) -> list[str]:

@@ -75,7 +75,7 @@ def config_problems(cfg: Any) -> list[str]:
     """``actor.ulysses_sequence_parallel_size`` must split the model's attention heads (read from
     its config.json, before any process starts; ``dapo.run_config`` hands this to the pipeline)."""
     key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-    sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size or 1)
+    sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     if sp <= 1:
         return []
     heads = model_heads(cfg.actor_rollout_ref.model.path)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from dapo.config.schema import OverlongBufferConfig, ScoringConfig
-from dapo.config.validate import overlong_problems
+from dapo.config.validate import overlong_problems, scoring_problems
 from dapo.reward.pool import CONFIG, DIED, OK, TIMEOUT, ScorerRef, ScoringPool, call_scorer
 from dapo.reward.scorers import UnknownDataSourceError, is_inline_safe
 
@@ -258,6 +258,9 @@ class DAPORewardManager:
         )
         validate_overlong(self.overlong_buffer_cfg, max_resp_len)
         scoring = _as_block(scoring, ScoringConfig) or ScoringConfig()
+        problems = scoring_problems(scoring)
+        if problems:
+            raise ValueError(problems[0])
         self.scoring = scoring
         self.num_examine = num_examine
         self.multi_objective = bool(objectives)

@@ -22,6 +22,7 @@ import yaml
 
 from dapo.errors import DapoError
 from dapo.tools.base import BaseTool, resolve_tool_class
+from dapo.tools.parser import PARSERS
 
 BUILTIN_CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -76,6 +77,10 @@ def config_problems(cfg: Any) -> list[str]:
     own config (the code interpreter refuses to start without an OS sandbox unless its config
     opts in to the weak mode), so a bad file is named before any work (``dapo.run_config``)."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.format not in PARSERS:
+        return [
+            f"actor_rollout_ref.rollout.multi_turn.format: must be one of {', '.join(sorted(PARSERS))}, got {mt.format!r}"
+        ]
     if not (mt.enable and mt.tool_config_path):
         return []
     path = str(mt.tool_config_path)
