@@ -113,7 +113,8 @@ def load_recipe(task: str) -> Recipe:
     the TRL arm cannot copy."""
     from dapo.run_config import build_run_config
 
-    cfg = build_run_config([f"data.builtin_task={task}"], preset=PRESETS[task]).cfg
+    preset = PRESETS[task]
+    cfg = build_run_config([f"data.builtin_task={task}"], preset=preset).cfg
     arr, alg = cfg.actor_rollout_ref, cfg.algorithm
     actor, rollout, optim, overlong = (
         arr.actor,
