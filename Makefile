@@ -80,9 +80,11 @@ test: venv-vllm browser sandbox
 test-fast: venv-vllm browser sandbox
 	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# ruff, and the package layering (tests/test_layers.py, also part of `make test`)
 lint: venv
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_layers.py
 
 clean-venv:
 	rm -rf $(VENV)

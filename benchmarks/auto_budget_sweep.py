@@ -18,26 +18,27 @@ import time
 
 import torch
 
-from dapo.actor.auto_budget import AutoBudgetConfig
-from dapo.actor.dp_actor import Actor, ActorSettings
-from dapo.algo.policy_loss import PolicyLossConfig
+from dapo.actor.dp_actor import Actor, actor_settings
 from dapo.bench.common import load_default, set_threads
 from dapo.bench.update import rl_batch
+from dapo.config.schema import AutoBudgetConfig
 
 FIXED = (256, 512, 1024, 2048, 4096, 8192)
 ROWS, P_MAX, R_MAX = 64, 32, 224
 
 
 def _actor(model: torch.nn.Module, budget: int | None, limit: float | None, logs: list[str]) -> Actor:
-    s = ActorSettings(
+    s = actor_settings(
         ppo_mini_batch_size=ROWS,
-        ppo_micro_batch_size=ROWS,
-        log_prob_micro_batch_size=ROWS,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0),
+        ppo_micro_batch_size_per_gpu=ROWS,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
         kl_loss_coef=0.0,
         use_dynamic_bsz=True,
-        ppo_max_token_len_per_gpu=budget or 16384,
-        auto_budget=AutoBudgetConfig(ppo=True, memory_limit_gb=limit) if budget is None else None,
+        ppo_max_token_len_per_gpu="auto" if budget is None else budget,
+        rollout=dict(log_prob_micro_batch_size_per_gpu=ROWS),
+        auto_budget=AutoBudgetConfig(memory_limit_gb=limit),
     )
     a = Actor(model, torch.optim.SGD(model.parameters(), lr=0.0), s)
     a.log = logs.append
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "tokens_per_step": tokens,
         "tokens_per_s": {n: round(v, 1) for n, v in med.items()},
-        "auto_budget": auto.s.ppo_max_token_len_per_gpu,
+        "auto_budget": auto.ppo_budget,
         "best_fixed": best,
         "auto_over_best_fixed": round(ratio, 3),
         "auto_log": logs,

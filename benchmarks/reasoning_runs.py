@@ -48,13 +48,13 @@ def _config_text(text: str) -> str:
 def recorded_config(run_dir: Path, args: list[str]) -> bool:
     """Whether the run in ``run_dir`` (finished or not) started with the configuration ``args``
     resolve to."""
-    from dapo.config.load import load_config, to_yaml
-    from dapo.config.resolve import resolve
+    from dapo.config.load import to_yaml
+    from dapo.run_config import build_run_config
 
     recorded = run_dir / "config.yaml"
     if not recorded.exists():
         return False
-    wanted = to_yaml(resolve(load_config(args, preset=PRESET)))
+    wanted = to_yaml(build_run_config(args, preset=PRESET).cfg)
     return _config_text(recorded.read_text()) == _config_text(wanted)
 
 

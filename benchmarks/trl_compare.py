@@ -111,11 +111,10 @@ def load_recipe(task: str) -> Recipe:
     """The recipe of ``task``'s preset, read through dapo's own config loading (as ``dapo train
     --config-name <preset>`` resolves it); exits naming the key when the preset sets something
     the TRL arm cannot copy."""
-    from dapo.config.load import load_config
-    from dapo.config.resolve import resolve
+    from dapo.run_config import build_run_config
 
     preset = PRESETS[task]
-    cfg = resolve(load_config([f"data.builtin_task={task}"], preset=preset))
+    cfg = build_run_config([f"data.builtin_task={task}"], preset=preset).cfg
     arr, alg = cfg.actor_rollout_ref, cfg.algorithm
     actor, rollout, optim, overlong = (
         arr.actor,

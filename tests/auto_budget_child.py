@@ -11,9 +11,8 @@ import sys
 
 import torch
 
-from dapo.actor.auto_budget import AutoBudgetConfig, _statm
-from dapo.actor.dp_actor import Actor, ActorSettings
-from dapo.algo.policy_loss import PolicyLossConfig
+from dapo.actor.auto_budget import _statm
+from dapo.actor.dp_actor import Actor, actor_settings
 from dapo.bench.common import padded_rl_batch
 from dapo.model.loader import load_model
 
@@ -30,14 +29,14 @@ def main() -> None:
     rlen = torch.randint(R // 2, R + 1, (ROWS,), generator=g)
     batch = padded_rl_batch(plen, rlen, P, R, model.config.vocab_size, g, token_low=7, group_size=4)
     auto = budget == "auto"
-    s = ActorSettings(
+    s = actor_settings(
         ppo_mini_batch_size=ROWS,
-        ppo_micro_batch_size=ROWS,
-        log_prob_micro_batch_size=ROWS,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28),
+        ppo_micro_batch_size_per_gpu=ROWS,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
         use_dynamic_bsz=True,
-        ppo_max_token_len_per_gpu=16384 if auto else int(budget),
-        auto_budget=AutoBudgetConfig(ppo=True) if auto else None,
+        ppo_max_token_len_per_gpu="auto" if auto else int(budget),
+        rollout=dict(log_prob_micro_batch_size_per_gpu=ROWS),
     )
     actor = Actor(model, torch.optim.AdamW(model.parameters(), lr=1e-4), s)
     logs: list[str] = []
@@ -61,7 +60,7 @@ def main() -> None:
             {
                 "ok": True,
                 "loss": m["actor/pg_loss"],
-                "budget": actor.s.ppo_max_token_len_per_gpu,
+                "budget": actor.ppo_budget,
                 "tokens": tokens,
                 "longest": longest,
                 "logs": logs,

@@ -89,10 +89,8 @@ def test_compute_log_prob_dynamic_restores_order(tiny_random_model_dir, char_tok
 def test_dynamic_bsz_gradient_equals_full_batch(tiny_random_model_dir, char_tokenizer, mode, remove_padding):
     batch = rl_batch(len(char_tokenizer))
     full, m_full = policy_grads(tiny_random_model_dir, batch, micro_settings(8, mode))
-    s = micro_settings(8, mode)
-    s.use_dynamic_bsz = True
-    s.ppo_max_token_len_per_gpu = 14  # rows are 3..12 tokens: several micro-batches
-    s.use_remove_padding = remove_padding
+    # rows are 3..12 tokens: a 14-token budget makes several micro-batches
+    s = micro_settings(8, mode, remove_padding, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=14)
     split, m_split = policy_grads(tiny_random_model_dir, batch, s)
     for a, c in zip(full, split):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)

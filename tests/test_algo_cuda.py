@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from dapo.algo import (
-    PolicyLossConfig,
     agg_loss,
     compute_global_batch_info,
     compute_rollout_correction,
@@ -14,6 +13,7 @@ from dapo.algo import (
     kl_penalty,
     logprobs_and_entropy,
 )
+from fixtures.loss_helpers import loss_config
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -41,8 +41,8 @@ def _run(device):
             0
         ]
     adv = out["grpo"]
-    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, kl_cov_ratio=0.2, clip_cov_ratio=1.0,
-                           clip_cov_lb=-10.0, clip_cov_ub=10.0, global_batch_info=compute_global_batch_info(mask))  # fmt: skip
+    cfg = loss_config(compute_global_batch_info(mask), clip_ratio_low=0.2, clip_ratio_high=0.28, kl_cov_ratio=0.2,
+                      clip_cov_ratio=1.0, clip_cov_lb=-10.0, clip_cov_ub=10.0)  # fmt: skip
     for mode in ["vanilla", "gspo", "geo_mean", "cispo", "clip_cov", "kl_cov"]:
         x = new.clone().requires_grad_(True)
         loss, _ = get_policy_loss_fn(mode)(old, x, adv, mask, "token-mean", cfg)

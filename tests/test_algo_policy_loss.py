@@ -1,5 +1,6 @@
 """Policy losses: verl 0.9.1 vectors (docs/verl_compat.md), hand vectors per mode, clip/dual-clip invariants."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,10 +11,10 @@ from hypothesis import strategies as st
 from dapo.algo.agg import compute_global_batch_info
 from dapo.algo.policy_loss import (
     POLICY_LOSS_REGISTRY,
-    PolicyLossConfig,
     get_policy_loss_fn,
     register_policy_loss,
 )
+from fixtures.loss_helpers import loss_config
 
 torch.set_num_threads(1)
 
@@ -22,7 +23,7 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 OLD = torch.full((2, 4), 0.5).log()
 NEW = torch.tensor([[0.7, 0.3, 0.5, 0.5], [0.2, 0.9, 0.5, 0.5]]).log()
 ADV = torch.tensor([[1.0] * 4, [-1.0] * 4])
-DAPO = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+DAPO = loss_config(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 
 
 def _loss(mode, config=DAPO, agg="token-mean", new=NEW, weights=None):
@@ -35,7 +36,7 @@ def test_appendix_a_vanilla():
     assert m == pytest.approx(
         {"actor/pg_clipfrac": 0.4, "actor/ppo_kl": 0.100571, "actor/pg_clipfrac_lower": 0.0}, abs=1e-6
     )
-    loss, m = _loss("vanilla", PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1.5))
+    loss, m = _loss("vanilla", loss_config(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1.5))
     assert loss.item() == pytest.approx(-0.116, abs=1e-6)
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(0.2, abs=1e-6)
 
@@ -50,14 +51,13 @@ def test_vanilla_hand_derivation_and_config_forms():
     )
     as_dict = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
     assert _loss("vanilla", as_dict)[0].item() == pytest.approx(total / 5, abs=1e-6)
-    # clip_ratio_low / high fall back to clip_ratio when None
-    fallback = PolicyLossConfig(clip_ratio=0.28, clip_ratio_low=None, clip_ratio_high=None)
-    sym = PolicyLossConfig(clip_ratio_low=0.28, clip_ratio_high=0.28)
-    assert _loss("vanilla", fallback)[0].item() == _loss("vanilla", sym)[0].item()
+    # a null clip_ratio_low / high is filled from clip_ratio by the config (dapo.config.resolve), not here
+    with pytest.raises(ValueError, match="clip_ratio_low is null"):
+        _loss("vanilla", loss_config(clip_ratio=0.28, clip_ratio_low=None, clip_ratio_high=None))
     # config None: verl defaults (0.2 / 0.2 / 3.0)
     assert _loss("vanilla", None)[0].item() == pytest.approx((-1.2 - 0.6 - 1.0 + 0.8 + 1.8) / 5, abs=1e-6)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        _loss("vanilla", PolicyLossConfig(clip_ratio_c=1.0))
+        _loss("vanilla", loss_config(clip_ratio_c=1.0))
 
 
 def test_rollout_is_weights_multiply_the_token_loss():
@@ -68,9 +68,7 @@ def test_rollout_is_weights_multiply_the_token_loss():
 
 
 def test_global_batch_info_is_used():
-    cfg = PolicyLossConfig(
-        clip_ratio_low=0.2, clip_ratio_high=0.28, global_batch_info={"dp_size": 1, "batch_num_tokens": 10}
-    )
+    cfg = loss_config({"dp_size": 1, "batch_num_tokens": 10}, clip_ratio_low=0.2, clip_ratio_high=0.28)
     assert _loss("vanilla", cfg)[0].item() == pytest.approx(-0.28 / 10, abs=1e-6)
 
 
@@ -93,7 +91,7 @@ def test_gspo_hand_vector():
 
 
 def test_geo_mean_hand_vector():
-    cfg = PolicyLossConfig(clip_ratio_low=0.4, clip_ratio_high=0.4)  # GMPO recipe values
+    cfg = loss_config(clip_ratio_low=0.4, clip_ratio_high=0.4)  # GMPO recipe values
     d0 = [math.log(1.4), math.log(0.6), 0.0]
     # A>0: min(d, clamp(d, -.4, .4)) keeps -0.51 (pessimistic), clamps nothing upward here
     r0 = math.exp(sum(min(x, max(-0.4, min(0.4, x))) for x in d0) / 3)
@@ -103,7 +101,7 @@ def test_geo_mean_hand_vector():
     assert loss.item() == pytest.approx((-r0 + r1) / 2, abs=1e-6)
     assert m["actor/pg_clipfrac"] == pytest.approx(1 / 5, abs=1e-6)  # row 0 token 1 (A>0)
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(2 / 5, abs=1e-6)  # both row-1 tokens
-    cfg.global_batch_info = {"dp_size": 1, "global_batch_size": 4}
+    cfg = dataclasses.replace(cfg, global_batch_info={"dp_size": 1, "global_batch_size": 4})
     assert _loss("geo_mean", cfg)[0].item() == pytest.approx((-r0 + r1) / 4, abs=1e-6)
 
 
@@ -125,7 +123,7 @@ def test_cispo_hand_vector_and_gradient():
 
 def test_clip_cov_selection():
     # no candidate in (lb, ub): plain PPO clip loss (no dual clip)
-    none = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_cov_lb=100.0, clip_cov_ub=101.0)
+    none = loss_config(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_cov_lb=100.0, clip_cov_ub=101.0)
     loss, m = _loss("clip_cov", none)
     assert loss.item() == pytest.approx(-0.056, abs=1e-6)
     assert m == pytest.approx({"actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.100571}, abs=1e-6)
@@ -145,12 +143,12 @@ def test_clip_cov_selection():
 def test_kl_cov_hand_vectors():
     abs_d = [abs(math.log(1.4)), abs(math.log(0.6)), 0.0, abs(math.log(0.4)), abs(math.log(1.8))]
     base = (-1.4 - 0.6 - 1.0) + (0.4 + 1.8)  # unclipped -A r
-    cfg = PolicyLossConfig(kl_cov_ratio=1.0, ppo_kl_coef=0.5)  # every token penalised
+    cfg = loss_config(kl_cov_ratio=1.0, ppo_kl_coef=0.5)  # every token penalised
     loss, m = _loss("kl_cov", cfg)
     assert loss.item() == pytest.approx((base + 0.5 * sum(abs_d)) / 5, abs=1e-6)
     assert m == pytest.approx({"actor/ppo_kl": sum(abs_d) / 5}, abs=1e-6)
     # default ratio 2e-4 -> one token: the largest (A - mean A)(logp - mean logp) is row 1 token 0
-    loss, _ = _loss("kl_cov", PolicyLossConfig(ppo_kl_coef=0.5))
+    loss, _ = _loss("kl_cov", loss_config(ppo_kl_coef=0.5))
     assert loss.item() == pytest.approx((base + 0.5 * abs_d[3]) / 5, abs=1e-6)
 
 
@@ -171,9 +169,10 @@ def test_registry():
 
 
 def test_policy_loss_config_reads_like_verl():
-    cfg = PolicyLossConfig(clip_cov_ratio=0.5)
-    assert cfg.policy_loss.clip_cov_ratio == 0.5
+    cfg = loss_config({"dp_size": 1}, clip_cov_ratio=0.5)
+    assert cfg.policy_loss.clip_cov_ratio == 0.5 and cfg.clip_ratio_high == 0.2
     assert cfg.get("clip_ratio_c", 9.0) == 3.0 and cfg.get("missing", 7) == 7
+    assert cfg.global_batch_info == {"dp_size": 1}
 
 
 # ------------------------------------------------------------------------------------------
@@ -201,7 +200,7 @@ def tokens(draw, lo=-1.5, hi=1.5):
 @given(data=tokens(lo=math.log(1 - EPS_LOW) + 1e-6, hi=math.log(1 + EPS_HIGH) - 1e-6))
 def test_clipped_equals_unclipped_inside_trust_region(data):
     old, new, adv, mask = data
-    cfg = PolicyLossConfig(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=3.0)
+    cfg = loss_config(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=3.0)
     x = new.clone().requires_grad_(True)
     loss, m = get_policy_loss_fn("vanilla")(old, x, adv, mask, "token-mean", cfg)
     loss.backward()
@@ -229,7 +228,7 @@ def _per_token_loss(mode, old, new, adv, mask, cfg):
 @given(data=tokens(lo=-3.0, hi=4.0), c=st.floats(1.05, 5.0))
 def test_dual_clip_bounds_negative_advantage_loss(data, c):
     old, new, adv, mask = data
-    cfg = PolicyLossConfig(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=c)
+    cfg = loss_config(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=c)
     per_token = _per_token_loss("vanilla", old, new, adv, mask, cfg)
     neg = (adv < 0) & (mask > 0)
     assert torch.all(per_token[neg] <= -adv[neg] * c + 1e-9)
@@ -252,12 +251,12 @@ def test_micro_batched_loss_equals_full_batch(mode, agg, data, cut):
         return
     cut = min(cut, old.shape[0] - 1)
     adv = adv[:, :1].expand_as(adv).contiguous()  # sequence-level advantages (GMPO assumes them)
-    cfg = PolicyLossConfig(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, kl_cov_ratio=1.0)
+    cfg = loss_config(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, kl_cov_ratio=1.0)
     fn = get_policy_loss_fn(mode)
     x = new.clone().requires_grad_(True)
     full, _ = fn(old, x, adv, mask, agg, cfg)
     full.backward()
-    cfg.global_batch_info = compute_global_batch_info(mask)
+    cfg = dataclasses.replace(cfg, global_batch_info=compute_global_batch_info(mask))
     y = new.clone().requires_grad_(True)
     total = sum(fn(old[s], y[s], adv[s], mask[s], agg, cfg)[0] for s in (slice(0, cut), slice(cut, None)))
     total.backward()

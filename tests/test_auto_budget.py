@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from dapo.actor import auto_budget
-from dapo.actor.auto_budget import AutoBudget, AutoBudgetConfig
+from dapo.actor.auto_budget import AutoBudget
 from dapo.actor.dp_actor import actor_settings_from_config
 from dapo.config.load import load_config
+from dapo.config.schema import AutoBudgetConfig
 from dapo.config.validate import validate
+from fixtures.config_helpers import run_config
 
 CHILD = Path(__file__).with_name("auto_budget_child.py")
 
@@ -26,7 +28,7 @@ def test_fit_solves_for_the_headroom(monkeypatch):
     monkeypatch.setattr(auto_budget, "headroom", lambda device, limit=None: (10_000_000, "test"))
     logs: list[str] = []
     ab = AutoBudget(
-        "ppo_max_token_len_per_gpu", AutoBudgetConfig(ppo=True, margin=0.2), torch.device("cpu"), logs.append
+        "ppo_max_token_len_per_gpu", AutoBudgetConfig(margin=0.2), torch.device("cpu"), logs.append
     )
     keep = []
 
@@ -57,17 +59,15 @@ def test_auto_config_keys():
     assert (
         p.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=auto") and "use_dynamic_bsz=true" in p
     )
-    cfg = load_config(
-        [
-            *base,
-            "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=auto",
-            "trainer.auto_budget.memory_limit_gb=2",
-        ]
+    cfg = run_config(
+        *base,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=auto",
+        "trainer.auto_budget.memory_limit_gb=2",
     )
-    assert validate(cfg) == []
-    a = actor_settings_from_config(cfg).auto_budget
-    assert a.ppo and a.log_prob and a.memory_limit_gb == 2.0 and a.margin == 0.2
+    s = actor_settings_from_config(cfg)
+    assert s.auto_ppo and s.auto_log_prob and s.ppo_token_budget == 16384
+    assert s.auto_budget.memory_limit_gb == 2.0 and s.auto_budget.margin == 0.2
     (p,) = validate(load_config(["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=lots"]))
     assert "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu" in p and "'lots'" in p
 

@@ -11,9 +11,8 @@ import torch
 from dapo.actor.dp_actor import Actor, actor_settings_from_config, compute_log_prob
 from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.bench.common import padded_rl_batch
-from dapo.config.load import load_config
-from dapo.config.resolve import resolve
 from dapo.reward.factory import build_reward_manager
+from fixtures.config_helpers import run_config
 from fixtures.reward_helpers import CharTokenizer, make_batch
 
 # the baseline every case differs from in one key: 4 prompts x n=2, two mini-batches, KL loss on
@@ -102,7 +101,7 @@ def _update(fixed, overrides: list[str]) -> torch.Tensor:
     model = load_model(model_dir)
     model.config.use_cache = False
     model.load_state_dict(state)
-    settings = actor_settings_from_config(load_config([*BASE, *overrides]))
+    settings = actor_settings_from_config(run_config(*BASE, *overrides))
     Actor(model, torch.optim.SGD(model.parameters(), lr=1e-3), settings).update_policy(batch)
     return torch.cat([(p.detach() - state[k]).flatten() for k, p in model.named_parameters()])
 
@@ -128,8 +127,7 @@ def test_micro_batch_size_does_not_change_the_update(fixed):
 
 def _advantages(overrides: list[str]) -> torch.Tensor:
     """Advantages as the trainer computes them from the resolved config."""
-    cfg = resolve(load_config(overrides))
-    alg = cfg.algorithm
+    alg = run_config(*overrides).algorithm
     g = torch.Generator().manual_seed(1)
     mask = torch.ones(8, 5)
     mask[:, 3:] = torch.tensor([[1, 0]] * 4 + [[0, 0]] * 4, dtype=torch.float)
@@ -167,7 +165,7 @@ def test_every_algorithm_key_changes_the_advantages(overrides):
 
 
 def _scores(overrides: list[str]) -> torch.Tensor:
-    cfg = resolve(load_config(["data.max_response_length=10", *overrides]))
+    cfg = run_config("data.max_response_length=10", *overrides)
     batch = make_batch(["Answer: 7", "Answer: 12345", "Answer: 8"], ["7", "7", "7"], response_len=16)
     with build_reward_manager(cfg, CharTokenizer()) as mgr:
         return mgr(batch)[0]

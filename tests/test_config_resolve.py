@@ -16,7 +16,8 @@ from dapo.config.explain import key_docs
 from dapo.config.load import ConfigError, load_config, preset_names, preset_path
 from dapo.config.resolve import resolve
 from dapo.config.schema import DapoConfig
-from dapo.config.validate import config_warnings, validate
+from dapo.run_config import build_run_config
+from fixtures.config_helpers import config_problems
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -24,6 +25,10 @@ R = "actor_rollout_ref.rollout"
 
 def _resolved(*overrides: str, rows: int | None = None):
     return resolve(load_config(list(overrides), preset=None), num_train_rows=rows)
+
+
+def _warnings(*overrides: str, preset: str | None = "default") -> list[str]:
+    return list(build_run_config(list(overrides), preset=preset).warnings)
 
 
 def test_each_null_rule_by_hand():
@@ -183,53 +188,44 @@ def test_unimplemented_keys_warn_by_name_or_are_refused():
     defaults = OmegaConf.structured(DapoConfig)
     for key in UNIMPLEMENTED:  # every listed key exists, at its default nothing is said
         assert OmegaConf.select(defaults, key, default="missing") != "missing", key
-    assert config_warnings(load_config([], preset=None)) == []
-    cfg = load_config(
-        [
-            "data.validation_shuffle=true",
-            "trainer.log_val_generations=10",
-            "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        ]
+    assert _warnings(f"{A}.optim.lr_warmup_steps=0") == []
+    warnings = _warnings(
+        "data.validation_shuffle=true",
+        "trainer.log_val_generations=10",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
     )
-    warnings = config_warnings(cfg)
     assert len(warnings) == 2
     assert warnings[0].startswith("data.validation_shuffle=true is accepted")
     assert warnings[1].startswith("trainer.log_val_generations=10 is accepted")
-    assert validate(cfg) == []
-    refused = validate(load_config(["actor_rollout_ref.actor.strategy=megatron", "reward_model.enable=true"]))
+    refused = config_problems("actor_rollout_ref.actor.strategy=megatron", "reward_model.enable=true")
     assert [p.split("=")[0] for p in refused] == [
         "actor_rollout_ref.actor.strategy",
         "reward_model.enable",
     ]
     # implemented keys are not on the list: bypass_mode uses the sampler's log-probs as the old ones
     assert "algorithm.rollout_correction.bypass_mode" not in UNIMPLEMENTED
-    assert validate(load_config(["algorithm.rollout_correction.bypass_mode=true"])) == []
-    assert validate(load_config(["actor_rollout_ref.actor.strategy=fsdp2"])) == []
+    assert config_problems("algorithm.rollout_correction.bypass_mode=true") == []
+    assert config_problems("actor_rollout_ref.actor.strategy=fsdp2") == []
 
 
 def test_overlong_buffer_as_long_as_the_response_is_refused():
     # the default 8-token buffer with 8-token responses penalised every token and validated OK
-    (p,) = validate(load_config(["data.max_response_length=8"]))
+    (p,) = config_problems("data.max_response_length=8")
     assert p.startswith("reward_model.overlong_buffer.len=8 is not shorter than data.max_response_length=8")
-    assert validate(load_config(["data.max_response_length=9"])) == []
-    assert (
-        validate(load_config(["data.max_response_length=8", "reward_model.overlong_buffer.enable=false"]))
-        == []
-    )
+    assert config_problems("data.max_response_length=9") == []
+    assert config_problems("data.max_response_length=8", "reward_model.overlong_buffer.enable=false") == []
 
 
 def test_filtering_off_says_it_trains_on_the_generation_batch():
     (w,) = [
         w
-        for w in config_warnings(load_config(["algorithm.filter_groups.enable=false"]))
+        for w in _warnings("algorithm.filter_groups.enable=false")
         if w.startswith("algorithm.filter_groups")
     ]
     assert "data.gen_batch_size=32" in w and "not data.train_batch_size=16" in w and "verl" in w
     assert not any(
         w.startswith("algorithm.filter_groups")
-        for w in config_warnings(
-            load_config(["algorithm.filter_groups.enable=false", "data.gen_batch_size=null"])
-        )
+        for w in _warnings("algorithm.filter_groups.enable=false", "data.gen_batch_size=null")
     )
 
 
@@ -237,16 +233,14 @@ def test_warmup_says_the_first_step_has_lr_zero(capsys):
     assert main(["validate"]) == 0
     err = capsys.readouterr().err
     assert "actor_rollout_ref.actor.optim.lr_warmup_steps=2" in err and "step 1 makes no update (lr 0)" in err
-    ratio = config_warnings(
-        load_config([f"{A}.optim.lr_warmup_steps=-1", f"{A}.optim.lr_warmup_steps_ratio=0.1"])
-    )
+    ratio = _warnings(f"{A}.optim.lr_warmup_steps=-1", f"{A}.optim.lr_warmup_steps_ratio=0.1")
     assert [w for w in ratio if "lr_warmup_steps=4:" in w]  # int(0.1 x 40 steps), resolved first
 
 
 def test_one_cause_one_message_for_the_mini_batch():
-    (p,) = validate(load_config([f"{A}.ppo_mini_batch_size=32"]))
+    (p,) = config_problems(f"{A}.ppo_mini_batch_size=32")
     assert "exceeds data.train_batch_size=16" in p
-    (p,) = validate(load_config([f"{A}.ppo_mini_batch_size=5", f"{A}.ppo_micro_batch_size_per_gpu=8"]))
+    (p,) = config_problems(f"{A}.ppo_mini_batch_size=5", f"{A}.ppo_micro_batch_size_per_gpu=8")
     assert "not divisible" in p
 
 

@@ -186,27 +186,28 @@ def test_local_actor_is_the_plain_actor(tiny_random_model_dir):
 
 def test_builder_world_one_is_the_local_actor_and_sizes_per_rank(tiny_random_model_dir):
     from dapo.actor.dp_actor import actor_settings_from_config
-    from dapo.config.load import load_config
-    from dapo.distributed.builder import build_actor, per_rank_settings
+    from dapo.distributed.builder import build_actor, warn_uneven_mini_batch
+    from fixtures.config_helpers import run_config
 
-    cfg = load_config(
-        [
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size=6",
-            "actor_rollout_ref.rollout.n=3",
-        ]
+    deprecated = (
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=12",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=6",
+        "actor_rollout_ref.rollout.n=3",
     )
+    cfg = run_config(*deprecated)
     s = actor_settings_from_config(cfg)
+    assert (s.ppo_mini_batch_size, s.ppo_micro_batch_size, s.log_prob_micro_batch_size) == (12, 12, 6)
     a = one_rank(tiny_random_model_dir, s)
     built = build_actor(cfg, model_path=str(tiny_random_model_dir), settings=s, actor=a)
     assert isinstance(built, LocalActor) and built.actor is a
+    # verl: the global micro sizes over the DP size, per rank (the config resolves them)
+    s2 = actor_settings_from_config(run_config(*deprecated, "trainer.n_gpus_per_node=2"))
+    assert (s2.ppo_micro_batch_size, s2.log_prob_micro_batch_size) == (6, 3)
     logs: list[str] = []
-    per = per_rank_settings(cfg, s, 5, log=logs.append)  # verl: global micro sizes / DP
-    assert (per.ppo_micro_batch_size, per.log_prob_micro_batch_size) == (1, 1)
-    assert per.ppo_mini_batch_size == 12 and "does not divide by 5" in logs[0]
-    per2 = per_rank_settings(cfg, s, 2, log=logs.append)
-    assert (per2.ppo_micro_batch_size, per2.log_prob_micro_batch_size) == (4, 3) and len(logs) == 1
+    warn_uneven_mini_batch(s, 5, log=logs.append)
+    warn_uneven_mini_batch(s, 2, log=logs.append)
+    assert len(logs) == 1 and "12 trajectories does not divide by 5" in logs[0]
     with pytest.raises(ValueError, match="worker_backend"):
         build_actor(cfg, model_path="x", settings=s, actor=a, backend="mpi")

@@ -120,7 +120,10 @@ def test_dp2_sp2_fsdp_equals_one_rank(tiny_random_model_dir):
         assert [i["sp"] for i in info] == [2, 2, 2, 2] and info[0]["mesh"] == (4,)
         assert actor.dp == 2
         batch = rl_batch(actor.rollout_model.config.vocab_size, rows=8, seed=4)
-        ref = one_rank(tiny_random_model_dir, dataclasses.replace(s, use_remove_padding=False))
+        ref = one_rank(
+            tiny_random_model_dir,
+            dataclasses.replace(s, model=dataclasses.replace(s.model, use_remove_padding=False)),
+        )
         m1, m2 = ref.update_policy(batch), actor.update_policy(batch)
         assert abs(m1["actor/pg_loss"] - m2["actor/pg_loss"]) < TOL
         assert abs(m1["actor/grad_norm"] - m2["actor/grad_norm"]) < TOL

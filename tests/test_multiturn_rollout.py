@@ -9,6 +9,7 @@ from dapo.rollout.hf import SamplingParams
 from dapo.rollout.multiturn import MultiTurnRollout, MultiTurnSettings, multiturn_metrics, truncate_tool_text
 from dapo.tools import CalculatorTool, Gsm8kTool
 from dapo.tools.parser import format_hermes_call
+from fixtures.config_helpers import config_problems
 from fixtures.multiturn_helpers import CALL, TOK, calc_then_answer, rollout, rows, text
 
 torch.set_num_threads(1)
@@ -166,6 +167,18 @@ def test_settings_validation():
         MultiTurnSettings(format="pythonic")
     with pytest.raises(ValueError, match="max_parallel_calls"):
         MultiTurnSettings(max_parallel_calls=0)
+    # the same rules refuse the run config before any work, one line each
+    key = "actor_rollout_ref.rollout.multi_turn"
+    problems = config_problems(
+        f"{key}.tool_response_truncate_side=top", f"{key}.format=pythonic", f"{key}.max_parallel_calls=0"
+    )
+    assert [p.split(":")[0] for p in sorted(problems)] == [
+        f"{key}.format",
+        f"{key}.max_parallel_calls",
+        f"{key}.tool_response_truncate_side",
+    ]
+    (p,) = config_problems(f"{key}.interaction_config_path=sim.yaml")
+    assert p.startswith(f"{key}.interaction_config_path=sim.yaml is accepted for verl compatibility but not")
 
 
 def test_multiturn_metrics():

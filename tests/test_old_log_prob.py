@@ -4,9 +4,8 @@ the sampler's log-probs; the source is chosen from the config."""
 import pytest
 import torch
 
-from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
+from dapo.actor.dp_actor import Actor, ActorSettings, actor_settings, compute_log_prob
 from dapo.actor.old_log_prob import BYPASS, CURRENT, RECOMPUTE, old_log_prob_source
-from dapo.algo.policy_loss import PolicyLossConfig
 from dapo.batch import Batch
 from dapo.bench.common import padded_rl_batch
 
@@ -19,14 +18,15 @@ def _batch(vocab: int, rows: int = 8, seed: int = 0) -> Batch:
 
 
 def _settings(micro: int) -> ActorSettings:
-    return ActorSettings(
+    return actor_settings(
         ppo_mini_batch_size=8,
-        ppo_micro_batch_size=micro,
-        log_prob_micro_batch_size=micro,
+        ppo_micro_batch_size_per_gpu=micro,
         grad_clip=1e9,
-        temperature=0.7,
         loss_agg_mode="token-mean",
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
+        rollout=dict(temperature=0.7, log_prob_micro_batch_size_per_gpu=micro),
     )
 
 
@@ -38,7 +38,7 @@ def _update(model_dir, batch: Batch, settings: ActorSettings, recompute: bool):
     b = batch.select(list(range(len(batch))))
     b.tensors.pop("old_log_probs", None)
     if recompute:
-        lp, _ = compute_log_prob(model, b, settings.temperature, settings.log_prob_micro_batch_size)
+        lp, _ = compute_log_prob(model, b, settings.rollout.temperature, settings.log_prob_micro_batch_size)
         b.tensors["old_log_probs"] = lp
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     metrics = Actor(model, opt, settings).update_policy(b)

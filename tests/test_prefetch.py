@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.config.load import load_config
 from dapo.trainer.loop import Trainer
+from fixtures.config_helpers import run_config
 from runs import metric_rows
 
 torch.set_num_threads(1)
 
 
 def _trainer(run_dir, steps=3, *extra):
-    cfg = load_config(
-        [
+    cfg = run_config(
+        *[
             "algorithm.filter_groups.prefetch=true",
             "algorithm.filter_groups.max_staleness=2",
             f"trainer.total_training_steps={steps}",

@@ -7,17 +7,13 @@ import textwrap
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from dapo.config.schema import ScoringConfig
 from dapo.reward.factory import build_reward_manager
-from dapo.reward.manager import (
-    DAPORewardManager,
-    NaiveRewardManager,
-    RewardObjective,
-    ScoringConfig,
-)
+from dapo.reward.manager import DAPORewardManager, NaiveRewardManager, RewardObjective
 from dapo.reward.pool import ScorerRef
 from dapo.reward.scorers import UnknownDataSourceError
+from fixtures.config_helpers import config_problems, run_config
 from fixtures.reward_helpers import CharTokenizer, make_batch
 
 torch.set_num_threads(1)
@@ -152,16 +148,15 @@ CUSTOM = """
 @pytest.mark.parametrize("mode", ["auto", "inline"])
 def test_custom_reward_function_from_config(tmp_path, mode):
     path = _write(tmp_path, CUSTOM)
-    cfg = OmegaConf.create(
-        {
-            "data": {"max_response_length": 8},
-            "reward_model": {"reward_manager": "dapo", "scoring": {"mode": mode, "num_workers": 1}},
-            "custom_reward_function": {
-                "path": path,
-                "name": "compute_score",
-                "reward_kwargs": {"bonus": 0.5},
-            },
-        }
+    cfg = run_config(
+        "data.max_response_length=8",
+        "reward_model.reward_manager=dapo",
+        f"reward_model.scoring.mode={mode}",
+        "reward_model.scoring.num_workers=1",
+        f"custom_reward_function.path={path}",
+        "custom_reward_function.name=compute_score",
+        "+custom_reward_function.reward_kwargs.bonus=0.5",
+        "reward_model.overlong_buffer.enable=false",
     )
     with build_reward_manager(cfg, CharTokenizer()) as mgr:
         scores, info = mgr(make_batch(["42", "41"], ["42", "42"], data_source="anything"))
@@ -187,26 +182,24 @@ def test_async_custom_function(tmp_path):
 
 
 def test_missing_custom_file_or_function_named(tmp_path):
-    cfg = {"custom_reward_function": {"path": str(tmp_path / "nope.py")}}
-    with pytest.raises(FileNotFoundError, match="custom_reward_function.path"):
-        build_reward_manager(cfg, CharTokenizer())
-    cfg = {"custom_reward_function": {"path": _write(tmp_path, CUSTOM), "name": "nope"}}
+    (p,) = config_problems(f"custom_reward_function.path={tmp_path / 'nope.py'}")
+    assert p.startswith(f"custom_reward_function.path={tmp_path / 'nope.py'}: no such file")
+    cfg = run_config(
+        f"custom_reward_function.path={_write(tmp_path, CUSTOM)}", "custom_reward_function.name=nope"
+    )
     with pytest.raises(AttributeError, match="custom_reward_function.name"):
         build_reward_manager(cfg, CharTokenizer())
 
 
 def test_multi_objective(tmp_path):
     path = _write(tmp_path, CUSTOM)
-    cfg = {
-        "reward_model": {
-            "reward_manager": "naive",
-            "scoring": {"num_workers": 1},
-            "objectives": [
-                {"name": "correct", "weight": 1.0},  # built-in router
-                {"name": "brevity", "weight": 0.5, "path": path, "function": "brevity"},
-            ],
-        }
-    }
+    cfg = run_config(
+        "reward_model.reward_manager=naive",
+        "reward_model.scoring.num_workers=1",
+        # the built-in router, and a function in a file
+        "reward_model.objectives=[{name: correct, weight: 1.0},"
+        f"{{name: brevity, weight: 0.5, path: '{path}', function: brevity}}]",
+    )
     with build_reward_manager(cfg, CharTokenizer()) as mgr:
         out = mgr(make_batch(["Answer: 7", "Answer: 8"], ["7", "7"], data_source="arithmetic"))
     scores, info = out
@@ -225,22 +218,35 @@ def test_multi_objective_bad_names():
         DAPORewardManager(CharTokenizer(), objectives=[RewardObjective("acc"), RewardObjective("b")])
     with pytest.raises(ValueError, match="objectives"):
         DAPORewardManager(CharTokenizer(), objectives=[RewardObjective("a"), RewardObjective("a")])
+    # the same rule refuses the config before any work
+    (p,) = config_problems("reward_model.objectives=[{name: acc}, {name: b}]")
+    assert p.startswith("reward_model.objectives: names must be unique") and "'acc'" in p
 
 
-def test_overlong_alias_and_conflict():
-    alias = {"reward_kwargs": {"overlong_buffer_cfg": OVERLONG, "max_resp_len": 5}, "reward_manager": "dapo"}
-    mgr = build_reward_manager(OmegaConf.create({"reward_model": alias}), CharTokenizer())
+def test_overlong_alias_is_read_into_the_one_key_and_a_conflict_is_refused():
+    cfg = run_config(
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+        "+reward_model.reward_kwargs.max_resp_len=5",
+        "reward_model.reward_manager=dapo",
+    )
+    assert "overlong_buffer_cfg" not in cfg.reward_model.reward_kwargs  # merged, then gone
+    mgr = build_reward_manager(cfg, CharTokenizer())
     assert mgr.overlong_buffer_cfg.enable and mgr.overlong_buffer_cfg.len == 2 and mgr.max_resp_len == 5
-    both = dict(alias, overlong_buffer={"enable": True, "len": 3, "penalty_factor": 1.0})
-    with pytest.raises(ValueError, match="reward_model.reward_kwargs.overlong_buffer_cfg"):
-        build_reward_manager({"reward_model": both}, CharTokenizer())
+    assert mgr.overlong_buffer_cfg.penalty_factor == 1.0  # the key the alias leaves out keeps the preset's
+    (p,) = config_problems(
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2", "reward_model.overlong_buffer.len=3"
+    )
+    assert p.startswith(
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len=2 and reward_model.overlong_buffer.len=3"
+    )
 
 
 def test_bad_scoring_mode_and_manager_name():
-    with pytest.raises(ValueError, match="reward_model.scoring.mode"):
-        build_reward_manager({"reward_model": {"scoring": {"mode": "yolo"}}}, CharTokenizer())
-    with pytest.raises(ValueError, match="reward_model.reward_manager"):
-        build_reward_manager({"reward_model": {"reward_manager": "prime"}}, CharTokenizer())
+    (p,) = config_problems("reward_model.scoring.mode=yolo")
+    assert p.startswith("reward_model.scoring.mode: must be auto, process or inline")
+    (p,) = config_problems("reward_model.reward_manager=prime")
+    assert p.startswith("reward_model.reward_manager: unknown manager 'prime'; known: dapo, naive")
 
 
 def test_lambda_scorer_runs_inline_in_auto_and_is_refused_in_process_mode():
@@ -255,15 +261,14 @@ def test_int_ground_truth_through_the_config_key():
     """verl's default: an int ground truth fails math_dapo's default path (counted, scored as a
     failure); custom_reward_function.reward_kwargs.ground_truth_as_str=true compares it as a string."""
     batch = make_batch(["Answer: 5", "Answer: 6"], [5, 5], data_source="math_dapo")
-    with build_reward_manager({"reward_model": {"reward_manager": "naive"}}, CharTokenizer()) as mgr:
+    with build_reward_manager(run_config("reward_model.reward_manager=naive"), CharTokenizer()) as mgr:
         out = mgr(batch)
         assert out.reward_extra_info["score"] == [-1.0, -1.0]
         assert out.reward_extra_info["pred"] == ["[ERROR]", "[ERROR]"]
         assert out.metrics["reward/errors"] == 2
-    cfg = {
-        "reward_model": {"reward_manager": "naive"},
-        "custom_reward_function": {"reward_kwargs": {"ground_truth_as_str": True}},
-    }
+    cfg = run_config(
+        "reward_model.reward_manager=naive", "+custom_reward_function.reward_kwargs.ground_truth_as_str=true"
+    )
     with build_reward_manager(cfg, CharTokenizer()) as mgr:
         out = mgr(batch)
         assert out.reward_extra_info["score"] == [1.0, -1.0]

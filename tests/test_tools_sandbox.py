@@ -14,13 +14,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.config.load import load_config
-from dapo.config.validate import validate
 from dapo.rollout.hf import SamplingParams
 from dapo.rollout.multiturn import MultiTurnRollout
 from dapo.tools import CodeInterpreterTool, load_tool_config, sandbox
 from dapo.tools.parser import format_hermes_call
 from dapo.tools.sandbox import SandboxLimits, network_namespace_available, os_boundary_problem, run_python
+from fixtures.config_helpers import config_problems
 from fixtures.multiturn_helpers import TOK, ScriptedEngine, rows
 from runs import tool_run_args
 
@@ -124,12 +123,12 @@ def test_without_bubblewrap_the_code_tool_refuses_to_start_unless_weak_is_chosen
     """Config validation with no bwrap on PATH: one problem naming the key that opts in; with the key,
     the tool starts, runs code under the in-process guard, and has a warning for every step's log."""
     key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
-    (problem,) = validate(load_config([f"{key}=code_interpreter"], preset="tools"))
+    (problem,) = config_problems(f"{key}=code_interpreter", preset="tools")
     assert problem.startswith(f"{key}: ") and "code_interpreter.yaml: tools[0]" in problem
     assert "bubblewrap (bwrap) is not installed" in problem and "allow_weak_sandbox: true" in problem
     weak_cfg = tmp_path / "weak.yaml"
     weak_cfg.write_text("tools:\n  - class_name: code_interpreter\n    config: {allow_weak_sandbox: true}\n")
-    assert validate(load_config([f"{key}={weak_cfg}"], preset="tools")) == []
+    assert config_problems(f"{key}={weak_cfg}", preset="tools") == []
     (tool,) = load_tool_config(weak_cfg)
     mt = MultiTurnRollout(ScriptedEngine(lambda ctx: ""), TOK, [tool])
     (warning,) = mt.step_warnings()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config, preset_names, to_yaml
+from dapo.config.load import DEFAULT_PRESET, ConfigError, preset_names, to_yaml
 from dapo.errors import DapoError
 
 
@@ -57,19 +57,15 @@ def _fit_terminal(line: str, stream) -> str:
 
 
 def _load(args: argparse.Namespace, warn: bool = True):
-    """The validated, resolved config of a command line; every problem is reported at once."""
-    from dapo.config.resolve import count_train_rows, resolve
-    from dapo.config.validate import config_warnings, validate
+    """The config of a command line as given and as the run uses it (built once, every rule
+    checked: dapo.run_config); every problem is reported at once."""
+    from dapo.run_config import build_run_config
 
-    problems: list[str] = []
-    cfg = load_config(args.overrides, preset=args.config_name, problems=problems)
-    problems += validate(cfg)
-    if problems:
-        raise ConfigError(problems)
+    run = build_run_config(args.overrides, preset=args.config_name)
     if warn:
-        for w in config_warnings(cfg):
+        for w in run.warnings:
             print(_fit_terminal(f"note: {w}", sys.stderr), file=sys.stderr)
-    return cfg, resolve(cfg, num_train_rows=count_train_rows(cfg))
+    return run.loaded, run.cfg
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -27,25 +27,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dapo.config.schema import AutoBudgetConfig
+
 GiB = 2**30
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-@dataclass
-class AutoBudgetConfig:
-    """Which budgets are chosen, and from what."""
-
-    ppo: bool = False
-    log_prob: bool = False
-    memory_limit_gb: float | None = None
-    margin: float = 0.2
 
 
 def _statm() -> tuple[int, int]:
@@ -186,7 +177,8 @@ def longest_rows(lengths: list[int], tokens: int) -> list[int]:
 
 
 class AutoBudget:
-    """Chooses and re-chooses one token budget (``key``) from probes."""
+    """Chooses and re-chooses one token budget (``key``) from probes; ``cfg`` is
+    ``trainer.auto_budget`` (the schema's ``AutoBudgetConfig``: ``memory_limit_gb``, ``margin``)."""
 
     def __init__(
         self, key: str, cfg: AutoBudgetConfig, device: torch.device, log: Callable[[str], None] = print

@@ -11,65 +11,79 @@ with ``use_dynamic_bsz`` token-budget micro-batches balanced by Karmarkar-Karp
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from dapo.actor.auto_budget import AutoBudget, AutoBudgetConfig, peak_growth
+from dapo.actor.auto_budget import AutoBudget, peak_growth
 from dapo.actor.forward import packed_response_logprobs, response_logprobs
 from dapo.actor.seqlen_balancing import fixed_micro_batches, rearrange_micro_batches, restore_order
 from dapo.algo.agg import agg_loss, compute_global_batch_info
 from dapo.algo.kl import kl_penalty
-from dapo.algo.policy_loss import PolicyLossConfig, get_policy_loss_fn
+from dapo.algo.policy_loss import MiniBatchLossConfig, get_policy_loss_fn
 from dapo.batch import Batch
-from dapo.config.schema import ActorConfig, ModelConfig, RolloutConfig
+from dapo.config.schema import ActorConfig, AutoBudgetConfig, ModelConfig, RolloutConfig
 
-_A = ActorConfig  # verl's defaults, from the config schema
+AUTO = "auto"
+_AUTO_START = 16384  # the token budget an ``auto`` key holds until the first probe
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActorSettings:
-    """The actor's numbers (``actor_settings_from_config`` fills them from a config); every field
-    but the batch sizes defaults to verl's actor default."""
+    """What the actor reads: the resolved schema blocks themselves (``actor_rollout_ref.actor``,
+    the rollout's temperature and log-prob keys, the model's ``use_remove_padding``,
+    ``trainer.auto_budget``), not copies of their fields, so a key added to the schema reaches
+    the actor with no edit here. The properties are the few numbers derived from them."""
 
-    ppo_mini_batch_size: int  # trajectories (prompts x n)
-    ppo_micro_batch_size: int  # trajectories
-    log_prob_micro_batch_size: int
-    ppo_epochs: int = _A.ppo_epochs
-    shuffle: bool = _A.shuffle
-    data_loader_seed: int = _A.data_loader_seed
-    grad_clip: float = _A.grad_clip
-    temperature: float = RolloutConfig.temperature
-    loss_agg_mode: str = _A.loss_agg_mode
-    loss_scale_factor: float | None = _A.loss_scale_factor
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_mode: str = PolicyLossConfig.loss_mode
-    entropy_coeff: float = _A.entropy_coeff
-    calculate_entropy: bool = _A.calculate_entropy
-    use_kl_loss: bool = _A.use_kl_loss
-    kl_loss_coef: float = _A.kl_loss_coef
-    kl_loss_type: str = _A.kl_loss_type
-    use_dynamic_bsz: bool = _A.use_dynamic_bsz
-    ppo_max_token_len_per_gpu: int = _A.ppo_max_token_len_per_gpu
-    log_prob_use_dynamic_bsz: bool = RolloutConfig.log_prob_use_dynamic_bsz
-    log_prob_max_token_len_per_gpu: int = RolloutConfig.log_prob_max_token_len_per_gpu
-    use_remove_padding: bool = ModelConfig.use_remove_padding
-    # ranks that split each packed sequence (Ulysses); > 1 only on a worker group
-    ulysses_sequence_parallel_size: int = 1
-    # token budgets chosen from measured memory (``...max_token_len_per_gpu=auto``)
-    auto_budget: AutoBudgetConfig | None = None
+    actor: ActorConfig
+    rollout: RolloutConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    auto_budget: AutoBudgetConfig = field(default_factory=AutoBudgetConfig)
+
+    @property
+    def ppo_mini_batch_size(self) -> int:
+        """Trajectories per optimizer step: ``ppo_mini_batch_size`` prompts x ``rollout.n``."""
+        return int(self.actor.ppo_mini_batch_size) * int(self.rollout.n)
+
+    @property
+    def ppo_micro_batch_size(self) -> int:
+        return int(self.actor.ppo_micro_batch_size_per_gpu)
+
+    @property
+    def log_prob_micro_batch_size(self) -> int:
+        return int(self.rollout.log_prob_micro_batch_size_per_gpu)
+
+    @property
+    def auto_ppo(self) -> bool:
+        return str(self.actor.ppo_max_token_len_per_gpu) == AUTO
+
+    @property
+    def auto_log_prob(self) -> bool:
+        return str(self.rollout.log_prob_max_token_len_per_gpu) == AUTO
+
+    @property
+    def ppo_token_budget(self) -> int:
+        """``ppo_max_token_len_per_gpu``, or the start value of an ``auto`` one."""
+        return _AUTO_START if self.auto_ppo else int(self.actor.ppo_max_token_len_per_gpu)
+
+    @property
+    def log_prob_token_budget(self) -> int:
+        return _AUTO_START if self.auto_log_prob else int(self.rollout.log_prob_max_token_len_per_gpu)
+
+    @property
+    def sp_size(self) -> int:
+        return int(self.actor.ulysses_sequence_parallel_size)
 
     def log_prob_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``compute_log_prob`` for the old/ref log-prob passes."""
         return {
-            "use_dynamic_bsz": self.log_prob_use_dynamic_bsz,
-            "max_token_len": self.log_prob_max_token_len_per_gpu,
-            "use_remove_padding": self.use_remove_padding,
+            "use_dynamic_bsz": self.rollout.log_prob_use_dynamic_bsz,
+            "max_token_len": self.log_prob_token_budget,
+            "use_remove_padding": self.model.use_remove_padding,
         }
 
 
@@ -129,35 +143,34 @@ class Actor:
         self.model = model
         self.optimizer = optimizer
         self.s = settings
-        self.policy_loss_fn = get_policy_loss_fn(settings.loss_mode)
-        # built once; each mini-batch only sets its global token / sequence counts
-        self.loss_cfg = replace(
-            settings.policy_loss,
-            loss_agg_mode=settings.loss_agg_mode,
-            loss_scale_factor=settings.loss_scale_factor,
-            loss_mode=settings.loss_mode,
-        )
+        self.policy_loss_fn = get_policy_loss_fn(settings.actor.policy_loss.loss_mode)
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
-        self._forward = packed_response_logprobs if settings.use_remove_padding else response_logprobs
+        self._forward = packed_response_logprobs if settings.model.use_remove_padding else response_logprobs
         self.log: Callable[[str], None] = print
-        auto = settings.auto_budget
+        # the update's token budget: the configured one, or the latest an ``auto`` probe chose
+        self.ppo_budget = settings.ppo_token_budget
         device = next(model.parameters()).device
         self.auto_ppo = self.auto_log_prob = None
-        if auto is not None and auto.ppo:
-            self.auto_ppo = AutoBudget("ppo_max_token_len_per_gpu", auto, device, lambda m: self.log(m))
-        if auto is not None and auto.log_prob:
+        if settings.auto_ppo:
+            self.auto_ppo = AutoBudget(
+                "ppo_max_token_len_per_gpu", settings.auto_budget, device, lambda m: self.log(m)
+            )
+        if settings.auto_log_prob:
             self.auto_log_prob = AutoBudget(
-                "log_prob_max_token_len_per_gpu", auto, device, lambda m: self.log(m)
+                "log_prob_max_token_len_per_gpu", settings.auto_budget, device, lambda m: self.log(m)
             )
 
     # ------------------------------------------------------------------ auto token budgets
     def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:
         part = batch.select(np.asarray(rows))
         ids, attn, width = _inputs(part)
-        need_entropy = self.s.calculate_entropy or self.s.entropy_coeff != 0
+        a = self.s.actor
+        need_entropy = a.calculate_entropy or a.entropy_coeff != 0
         with torch.set_grad_enabled(grad):
-            lp, ent = self._forward(self.model, ids, attn, width, self.s.temperature, need_entropy and grad)
+            lp, ent = self._forward(
+                self.model, ids, attn, width, self.s.rollout.temperature, need_entropy and grad
+            )
             if grad:
                 loss = (lp * part.tensors["response_mask"]).sum()
                 (loss if ent is None else loss + ent.sum()).backward()
@@ -169,7 +182,7 @@ class Actor:
             return 0
         return 2 * sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
 
-    def ppo_budget(self, batch: Batch) -> int:
+    def choose_ppo_budget(self, batch: Batch) -> int:
         lengths = batch.tensors["attention_mask"].sum(-1).tolist()
         was = self.model.training
         self.model.train()
@@ -194,7 +207,7 @@ class Actor:
     def log_prob_budget(self, batch: Batch) -> int:
         """``log_prob_max_token_len_per_gpu`` for this batch's rows (the configured value unless auto)."""
         if self.auto_log_prob is None:
-            return self.s.log_prob_max_token_len_per_gpu
+            return self.s.log_prob_token_budget
         lengths = batch.tensors["attention_mask"].sum(-1).tolist()
         was = self.model.training
         self.model.eval()
@@ -206,9 +219,7 @@ class Actor:
     def update_policy(self, batch: Batch) -> dict[str, float]:
         if self.auto_ppo is None:
             return self._update_policy(batch)
-        budget = self.ppo_budget(batch)
-        if budget != self.s.ppo_max_token_len_per_gpu:
-            self.s = dataclasses.replace(self.s, ppo_max_token_len_per_gpu=budget)
+        budget = self.ppo_budget = self.choose_ppo_budget(batch)
         with peak_growth(next(self.model.parameters()).device, exact=False) as peak:
             out = self._update_policy(batch)
         self.auto_ppo.observe(peak[0])
@@ -216,26 +227,25 @@ class Actor:
         return out
 
     def _update_policy(self, batch: Batch) -> dict[str, float]:
-        s = self.s
+        a, mini_size = self.s.actor, self.s.ppo_mini_batch_size
         self.model.train()
         n_rows = len(batch)
-        rng = np.random.default_rng(s.data_loader_seed)
+        rng = np.random.default_rng(a.data_loader_seed)
         sums: dict[str, list[float]] = {}
-        for _epoch in range(s.ppo_epochs):
-            order = rng.permutation(n_rows) if s.shuffle else np.arange(n_rows)
-            for m0 in range(0, n_rows, s.ppo_mini_batch_size):
-                mini = batch.select(order[m0 : m0 + s.ppo_mini_batch_size])
+        for _epoch in range(a.ppo_epochs):
+            order = rng.permutation(n_rows) if a.shuffle else np.arange(n_rows)
+            for m0 in range(0, n_rows, mini_size):
+                mini = batch.select(order[m0 : m0 + mini_size])
                 stats = self._update_mini_batch(mini)
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
         return {k: float(np.mean(v)) for k, v in sums.items()}
 
     def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
-        s = self.s
+        s = self.s.actor
         mask_all = mini.tensors["response_mask"].float()
         info = compute_global_batch_info(mask_all, dp_size=1, loss_scale_factor=s.loss_scale_factor)
-        cfg = self.loss_cfg
-        cfg.global_batch_info = info
+        cfg = MiniBatchLossConfig(s, info)
         total_tokens = max(1.0, float(mask_all.sum()))
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {"actor/pg_loss": 0.0}
@@ -246,16 +256,18 @@ class Actor:
         need_entropy = s.calculate_entropy or s.entropy_coeff != 0 or on_policy
         parts = micro_batch_indices(
             mini.tensors["attention_mask"],
-            s.ppo_micro_batch_size,
+            self.s.ppo_micro_batch_size,
             s.use_dynamic_bsz,
-            s.ppo_max_token_len_per_gpu,
+            self.ppo_budget,
             "ppo_max_token_len_per_gpu",
         )
         for part in parts:
             micro = mini.select(np.asarray(part)) if s.use_dynamic_bsz else mini.slice(part[0], part[-1] + 1)
             ids, attn, width = _inputs(micro)
             mask = micro.tensors["response_mask"].float()
-            log_prob, entropy = self._forward(self.model, ids, attn, width, s.temperature, need_entropy)
+            log_prob, entropy = self._forward(
+                self.model, ids, attn, width, self.s.rollout.temperature, need_entropy
+            )
             pg_loss, pg_metrics = self.policy_loss_fn(
                 log_prob.detach() if on_policy else micro.tensors["old_log_probs"],
                 log_prob,
@@ -295,67 +307,26 @@ class Actor:
         return out
 
 
-def actor_settings_from_config(cfg: Any) -> ActorSettings:
-    """The actor's numbers from a config (mini-batch sizes in trajectories), read after
-    ``dapo.config.resolve`` has filled every derived key."""
-    from dapo.config.resolve import resolve
-
-    cfg = resolve(cfg)
-    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    pl = a.policy_loss
+def actor_settings(
+    *,
+    rollout: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    auto_budget: AutoBudgetConfig | None = None,
+    **actor: Any,
+) -> ActorSettings:
+    """The actor's view of the schema's blocks with the given keys changed (``actor`` keys by
+    name, ``rollout`` and ``model`` keys as dicts), for benchmarks and tests that build an actor
+    without a run config. With the default ``rollout.n=1`` a mini-batch of prompts is one of
+    trajectories; give the ``*_micro_batch_size_per_gpu`` keys (the run config resolves them)."""
     return ActorSettings(
-        ppo_mini_batch_size=a.ppo_mini_batch_size * r.n,
-        ppo_micro_batch_size=int(a.ppo_micro_batch_size_per_gpu),
-        ppo_epochs=a.ppo_epochs,
-        shuffle=a.shuffle,
-        data_loader_seed=a.data_loader_seed,
-        grad_clip=a.grad_clip,
-        temperature=r.temperature,
-        loss_agg_mode=a.loss_agg_mode,
-        loss_scale_factor=a.loss_scale_factor,
-        policy_loss=PolicyLossConfig(
-            clip_ratio=a.clip_ratio,
-            clip_ratio_low=a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
-            clip_cov_ratio=pl.clip_cov_ratio,
-            clip_cov_lb=pl.clip_cov_lb,
-            clip_cov_ub=pl.clip_cov_ub,
-            kl_cov_ratio=pl.kl_cov_ratio,
-            ppo_kl_coef=pl.ppo_kl_coef,
-        ),
-        loss_mode=pl.loss_mode,
-        entropy_coeff=a.entropy_coeff,
-        calculate_entropy=a.calculate_entropy,
-        use_kl_loss=a.use_kl_loss,
-        kl_loss_coef=a.kl_loss_coef,
-        kl_loss_type=a.kl_loss_type,
-        log_prob_micro_batch_size=int(r.log_prob_micro_batch_size_per_gpu),
-        use_dynamic_bsz=a.use_dynamic_bsz,
-        ppo_max_token_len_per_gpu=_budget(a.ppo_max_token_len_per_gpu),
-        log_prob_use_dynamic_bsz=r.log_prob_use_dynamic_bsz,
-        log_prob_max_token_len_per_gpu=_budget(r.log_prob_max_token_len_per_gpu),
-        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
-        ulysses_sequence_parallel_size=int(a.ulysses_sequence_parallel_size or 1),
-        auto_budget=_auto_budget(cfg),
+        ActorConfig(**actor),
+        RolloutConfig(**(rollout or {})),
+        ModelConfig(**(model or {})),
+        auto_budget if auto_budget is not None else AutoBudgetConfig(),
     )
 
 
-AUTO = "auto"
-_AUTO_START = 16384  # the value an ``auto`` budget holds until the first probe
-
-
-def _budget(value: Any) -> int:
-    return _AUTO_START if str(value) == AUTO else int(value)
-
-
-def _auto_budget(cfg: Any) -> AutoBudgetConfig | None:
-    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    ppo, lp = str(a.ppo_max_token_len_per_gpu) == AUTO, str(r.log_prob_max_token_len_per_gpu) == AUTO
-    if not (ppo or lp):
-        return None
-    ab = cfg.trainer.auto_budget
-    limit = ab.memory_limit_gb
-    return AutoBudgetConfig(
-        ppo=ppo, log_prob=lp, memory_limit_gb=float(limit) if limit else None, margin=float(ab.margin)
-    )
+def actor_settings_from_config(cfg: Any) -> ActorSettings:
+    """The actor's view of the resolved run config."""
+    arr = cfg.actor_rollout_ref
+    return ActorSettings(arr.actor, arr.rollout, arr.model, cfg.trainer.auto_budget)

@@ -75,20 +75,20 @@ def compute_old_and_ref(
         with timer("old_log_prob"):
             lp, ent = actor.compute_log_prob(
                 batch,
-                s.temperature,
+                s.rollout.temperature,
                 s.log_prob_micro_batch_size,
                 calculate_entropy=True,
                 **s.log_prob_kwargs(),
             )
         batch.tensors["old_log_probs"] = lp
         mask = batch.tensors["response_mask"].float()
-        metrics["actor/entropy"] = float(agg_loss(ent, mask, s.loss_agg_mode))
+        metrics["actor/entropy"] = float(agg_loss(ent, mask, a.loss_agg_mode))
     # CURRENT: no old_log_probs; the update uses its own log-probs, detached (and logs the entropy)
     metrics.update(apply_rollout_correction(batch.tensors, rc))
     if use_ref:
         with timer("ref"):
             ref, _ = actor.compute_ref_log_prob(
-                batch, s.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
+                batch, s.rollout.temperature, s.log_prob_micro_batch_size, **s.log_prob_kwargs()
             )
         batch.tensors["ref_log_prob"] = ref
     return metrics

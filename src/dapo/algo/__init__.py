@@ -22,7 +22,7 @@ from dapo.algo.kl import (
 )
 from dapo.algo.policy_loss import (
     POLICY_LOSS_REGISTRY,
-    PolicyLossConfig,
+    MiniBatchLossConfig,
     get_policy_loss_fn,
     register_policy_loss,
 )
@@ -52,7 +52,7 @@ __all__ = [
     "get_kl_controller",
     "kl_penalty",
     "POLICY_LOSS_REGISTRY",
-    "PolicyLossConfig",
+    "MiniBatchLossConfig",
     "get_policy_loss_fn",
     "register_policy_loss",
     "compute_offpolicy_metrics",

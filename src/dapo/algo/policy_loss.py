@@ -7,16 +7,18 @@ Every loss has verl's signature
 
 with [B, T] tensors, a scalar `pg_loss` and `metrics` a dict of python floats named as verl
 names them (`actor/pg_clipfrac`, `actor/ppo_kl`, `actor/pg_clipfrac_lower`; each mode returns
-the keys verl's returns). `config` is a `PolicyLossConfig`, a dict, or any object with the same
-attribute names (verl's ActorConfig works); its `global_batch_info` dict is passed on to
-`agg_loss` (see dapo.algo.agg for the global-count convention). `rollout_is_weights` [B, T]
+the keys verl's returns). `config` is `actor_rollout_ref.actor` (the schema's `ActorConfig`, as
+verl passes its ActorConfig: the loss-mode keys nested under `policy_loss`), a dict, or any object
+with the same attribute names; a key it lacks takes the schema's default. Its
+`global_batch_info` dict (the trainer wraps the actor config in a `MiniBatchLossConfig` that adds
+it) is passed on to `agg_loss` (see dapo.algo.agg for the global-count convention). `rollout_is_weights` [B, T]
 (detached truncated importance weights, see dapo.algo.rollout_correction) multiply the
 per-token loss before aggregation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +33,7 @@ from dapo.config.schema import PolicyLossConfig as _PL
 DEFAULT_LOSS_AGG_MODE = _A.loss_agg_mode
 
 __all__ = [
-    "PolicyLossConfig",
+    "MiniBatchLossConfig",
     "POLICY_LOSS_REGISTRY",
     "register_policy_loss",
     "get_policy_loss_fn",
@@ -44,35 +46,19 @@ __all__ = [
 ]
 
 
-@dataclass
-class PolicyLossConfig:
-    """The fields the policy losses read, with verl's names and defaults.
+@dataclass(frozen=True)
+class MiniBatchLossConfig:
+    """``actor_rollout_ref.actor`` as one mini-batch's loss reads it: every key read through from
+    the actor config, plus that mini-batch's ``global_batch_info``. verl writes the counts onto
+    its actor config; the run config here is never written, so they travel beside it."""
 
-    Actor keys (`actor_rollout_ref.actor.*`): clip_ratio, clip_ratio_low, clip_ratio_high,
-    clip_ratio_c, loss_agg_mode, loss_scale_factor. Loss-mode keys
-    (`actor_rollout_ref.actor.policy_loss.*`): loss_mode, clip_cov_*, kl_cov_ratio, ppo_kl_coef.
-    `global_batch_info` is filled by the trainer per mini-batch (dp_size, batch_num_tokens,
-    global_batch_size, loss_scale_factor); empty means "normalise locally".
-    """
-
-    clip_ratio: float = _A.clip_ratio
-    clip_ratio_low: float | None = _A.clip_ratio_low
-    clip_ratio_high: float | None = _A.clip_ratio_high
-    clip_ratio_c: float = _A.clip_ratio_c
-    loss_agg_mode: str = DEFAULT_LOSS_AGG_MODE
-    loss_scale_factor: float | None = _A.loss_scale_factor
-    loss_mode: str = _PL.loss_mode
-    clip_cov_ratio: float = _PL.clip_cov_ratio
-    clip_cov_lb: float = _PL.clip_cov_lb
-    clip_cov_ub: float = _PL.clip_cov_ub
-    kl_cov_ratio: float = _PL.kl_cov_ratio
-    ppo_kl_coef: float = _PL.ppo_kl_coef
+    actor: Any
     global_batch_info: dict = field(default_factory=dict)
 
-    @property
-    def policy_loss(self) -> PolicyLossConfig:
-        """verl nests the loss-mode keys under `policy_loss`; this flat config answers both ways."""
-        return self
+    def __getattr__(self, key: str) -> Any:
+        if key == "actor":  # not set yet (copy, unpickle): no recursion
+            raise AttributeError(key)
+        return getattr(self.actor, key)
 
     def get(self, key: str, default: Any = None) -> Any:
         """DictConfig-style access, for custom losses written against verl's config."""
@@ -108,13 +94,24 @@ def get_policy_loss_fn(name: str):
 
 
 def _config(config: Any) -> Any:
-    return PolicyLossConfig() if config is None else config
+    return _A() if config is None else config
 
 
 def _clip_range(config: Any) -> tuple[float, float]:
-    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio."""
-    base = cfg_get(config, "clip_ratio", _A.clip_ratio)
-    return cfg_get(config, "clip_ratio_low", base), cfg_get(config, "clip_ratio_high", base)
+    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high (the schema's default when absent)."""
+    out = []
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = (
+            config.get(key, getattr(_A, key))
+            if isinstance(config, Mapping)
+            else getattr(config, key, getattr(_A, key))
+        )
+        if value is None:
+            raise ValueError(
+                f"{key} is null: the run config fills it from clip_ratio (dapo.config.resolve); pass a number"
+            )
+        out.append(float(value))
+    return out[0], out[1]
 
 
 def _loss_mode_param(config: Any, key: str, default: float) -> float:

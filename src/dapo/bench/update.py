@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
-from dapo.algo.policy_loss import PolicyLossConfig
+from dapo.actor.dp_actor import Actor, ActorSettings, actor_settings, compute_log_prob
 from dapo.batch import Batch
 from dapo.bench.common import (
     build_100m,
@@ -49,18 +48,22 @@ def rl_batch(rows: int, p_max: int, r_max: int, vocab: int, seed: int = 0) -> Ba
 
 
 def _settings(rows: int, micro: int, budget: int, variant: str) -> ActorSettings:
-    return ActorSettings(
+    return actor_settings(
         ppo_mini_batch_size=rows,
-        ppo_micro_batch_size=micro,
-        log_prob_micro_batch_size=micro,
+        ppo_micro_batch_size_per_gpu=micro,
         data_loader_seed=0,
-        policy_loss=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
         kl_loss_coef=0.0,
         use_dynamic_bsz="dyn" in variant,
         ppo_max_token_len_per_gpu=budget,
-        log_prob_use_dynamic_bsz="dyn" in variant,
-        log_prob_max_token_len_per_gpu=budget,
-        use_remove_padding="packed" in variant,
+        rollout=dict(
+            log_prob_micro_batch_size_per_gpu=micro,
+            log_prob_use_dynamic_bsz="dyn" in variant,
+            log_prob_max_token_len_per_gpu=budget,
+        ),
+        model=dict(use_remove_padding="packed" in variant),
     )
 
 

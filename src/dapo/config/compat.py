@@ -54,7 +54,7 @@ UNIMPLEMENTED: dict[str, Unimplemented] = {
     ),
     "actor_rollout_ref.ref.fsdp_config.model_dtype": Unimplemented("the reference model follows the actor's"),
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Unimplemented(
-        "no simulated-user interactions; tools only"
+        "no simulated-user interactions; tools only", reject=True
     ),
     "actor_rollout_ref.rollout.mode": Unimplemented("generation is synchronous (the hf engine)"),
     "actor_rollout_ref.rollout.calculate_log_probs": Unimplemented(

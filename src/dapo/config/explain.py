@@ -59,9 +59,12 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool | type(None) | list | dict) else str(value)
 
 
-def explain(loaded: DictConfig, resolved: DictConfig, prefix: str = "") -> str:
-    """One block per key under ``prefix``: key, default, the value the run uses, meaning."""
+def explain(loaded: DictConfig, resolved: Any, prefix: str = "") -> str:
+    """One block per key under ``prefix``: key, default, the value the run uses (``resolved``: a
+    DictConfig or the schema's dataclasses), meaning."""
     defaults = OmegaConf.structured(DapoConfig)
+    if not isinstance(resolved, DictConfig):
+        resolved = OmegaConf.structured(resolved)
     lines = []
     for key, doc in key_docs().items():
         if prefix and not (key == prefix or key.startswith(prefix.rstrip(".") + ".")):

@@ -63,7 +63,7 @@ def load_config(
             raise ConfigError([f"{path}: cannot read the yaml: {str(e).splitlines()[0]}"]) from e
         _merge_file(cfg, raw, "", path, found)
     found.extend(_apply_overrides(cfg, overrides or []))
-    found.extend(_apply_aliases(cfg))
+    found.extend(_apply_aliases(cfg, overrides or []))
     try:
         OmegaConf.resolve(cfg)
     except Exception as e:
@@ -217,22 +217,48 @@ def _omegaconf_message(e: Exception, cfg: DictConfig) -> str:
     return f"{key}: {msg}" if key and key not in msg else msg
 
 
-def _apply_aliases(cfg: DictConfig) -> list[str]:
-    """verl spells some keys two ways; read the newer spelling into our one key."""
-    problems = []
+OVERLONG_ALIAS = "reward_model.reward_kwargs.overlong_buffer_cfg"
+
+
+def _apply_aliases(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """verl spells some keys two ways; read the other spelling into our one key, here only.
+
+    ``reward_model.reward_kwargs.overlong_buffer_cfg.*`` (verl scripts add it with ``+``) is merged
+    key by key over ``reward_model.overlong_buffer`` (preset and overrides applied), so a partial
+    alias changes only the keys it names; it then leaves ``reward_kwargs``, and nothing reads it
+    again. Setting a key both ways on the command line, to different values, is a problem."""
     kwargs = cfg.reward_model.reward_kwargs
-    alias = kwargs.get("overlong_buffer_cfg") if kwargs is not None else None
-    if alias:
-        for k, v in alias.items() if isinstance(alias, DictConfig | dict) else []:
-            if k not in cfg.reward_model.overlong_buffer:
-                problems.append(
-                    f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}: unknown key; "
-                    "known: enable, len, penalty_factor, log"
-                )
-                continue
-            cfg.reward_model.overlong_buffer[k] = v
+    if kwargs is None or "overlong_buffer_cfg" not in kwargs:
+        return []
+    alias = kwargs.pop("overlong_buffer_cfg")
+    if alias is None:
+        return []
+    if not isinstance(alias, DictConfig | dict):
+        return [f"{OVERLONG_ALIAS}: must be a mapping of enable, len, penalty_factor, log; got {alias!r}"]
+    primary = cfg.reward_model.overlong_buffer
+    set_primary = {
+        text.lstrip("+").split("=", 1)[0].removeprefix("reward_model.overlong_buffer.")
+        for text in overrides
+        if text.lstrip("+").startswith("reward_model.overlong_buffer.")
+    }
+    problems = []
+    for k, v in alias.items():
+        if k not in primary:
+            problems.append(f"{OVERLONG_ALIAS}.{k}: unknown key; known: {', '.join(primary.keys())}")
+            continue
+        if k in set_primary and primary[k] != v:
+            problems.append(
+                f"{OVERLONG_ALIAS}.{k}={v} and reward_model.overlong_buffer.{k}={primary[k]} are both set "
+                "and disagree; keep one of them"
+            )
+            continue
+        try:
+            primary[k] = v
+        except Exception as e:
+            problems.append(f"{OVERLONG_ALIAS}.{k}={v}: {_omegaconf_message(e, cfg)}")
     return problems
 
 
-def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg)
+def to_yaml(cfg: Any) -> str:
+    """A config (a DictConfig or the schema's dataclasses) as yaml."""
+    return OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg))

@@ -307,8 +307,8 @@ class RolloutConfig:
     # verl's default is false; we always keep the sampler's log-probs (they cost nothing here)
     calculate_log_probs: bool = True
     # vLLM engine settings (rollout.name=vllm; the own engine ignores them), verl's names.
-    # gen_tp: vLLM's tensor parallel degree; null means 1
-    tensor_model_parallel_size: int | None = None
+    # gen_tp: vLLM's tensor parallel degree (verl's default is 2; one device here)
+    tensor_model_parallel_size: int = 1
     # share of GPU memory vLLM may take (weights + KV cache); null means vLLM's default (0.9)
     gpu_memory_utilization: float | None = None
     # null means the actor's parameter dtype, so the sampler's log-probs match the trainer's
@@ -454,9 +454,7 @@ class CustomRewardFunctionConfig:
 
 @dataclass
 class AutoBudgetConfig:
-    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized. ``memory_limit_gb``: what
-    the process may use (null: what the device / machine has free, the address-space limit or
-    the cgroup limit, whichever is smallest); ``margin``: the share of it kept free."""
+    """ours: how ``...max_token_len_per_gpu=auto`` budgets are sized (``dapo.actor.auto_budget``)."""
 
     # what the process may use in GB; null: the smallest of device/machine free memory, RLIMIT_AS, cgroup
     memory_limit_gb: float | None = None

@@ -1,4 +1,10 @@
-"""Every cross-field rule of the configuration. Each problem names the key and how to fix it."""
+"""Every rule of the configuration that the configuration alone decides. Each problem names the
+key and how to fix it.
+
+Rules that need a component's knowledge (the names a registry holds, a tool file that must load,
+a model's attention heads) belong to that component and reach ``dapo.config.pipeline.build_config``
+as its ``rules`` (``dapo.run_config``), so this package imports none of them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from typing import Any
 
 from dapo.config import sampling as sampling_cfg
 from dapo.config.compat import unimplemented_problems
-from dapo.tasks import BUILTIN_TASKS
+from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -17,12 +23,7 @@ KNOWN_FILTER_METRICS = (*sampling_cfg.BUILTIN_METRICS, "pred", "overlong", "over
 
 
 def validate(cfg: Any) -> list[str]:
-    """All problems with a resolved config (empty when it is usable)."""
-    from dapo.algo.advantages import ADV_ESTIMATOR_REGISTRY
-    from dapo.algo.agg import LOSS_AGG_MODES
-    from dapo.algo.kl import KL_ESTIMATORS
-    from dapo.algo.policy_loss import POLICY_LOSS_REGISTRY
-
+    """All problems with a loaded config (empty when it is usable)."""
     p: list[str] = []
     objectives = [o.name for o in (cfg.reward_model.objectives or [])]
     data, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
@@ -70,13 +71,16 @@ def validate(cfg: Any) -> list[str]:
                 "set only ppo_micro_batch_size_per_gpu (the other is deprecated)"
             )
         else:
-            m = micro if micro is not None else micro_g
-            per_rank = mini * n // max(1, _dp_size(cfg))
+            if micro is not None:
+                m = micro
+            else:  # the deprecated global key, per rank as the run will use it
+                m = per_rank(micro_g, cfg) if micro_g >= 1 else micro_g
+            rank_mini = mini * n // max(1, data_parallel_size(cfg))
             need(m >= 1, f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: must be >= 1, got {m}")
             if m >= 1 and mini >= 1:
                 need(
-                    per_rank % m == 0,
-                    f"the mini-batch of {per_rank} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
+                    rank_mini % m == 0,
+                    f"the mini-batch of {rank_mini} trajectories (ppo_mini_batch_size={mini} x rollout.n={n}) is not "
                     f"divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m}",
                 )
     need(
@@ -91,29 +95,11 @@ def validate(cfg: Any) -> list[str]:
     need(data.max_prompt_length >= 1, "data.max_prompt_length: must be >= 1 tokens")
     need(data.max_response_length >= 1, "data.max_response_length: must be >= 1 tokens")
     need(
-        data.builtin_task in BUILTIN_TASKS,
-        f"data.builtin_task: must be one of {', '.join(BUILTIN_TASKS)}, got {data.builtin_task!r}",
-    )
-    need(
         data.truncation in TRUNCATION,
         f"data.truncation: must be one of {', '.join(TRUNCATION)}, got {data.truncation!r}",
     )
 
-    # algorithm
-    need(
-        alg.adv_estimator in ADV_ESTIMATOR_REGISTRY,
-        f"algorithm.adv_estimator: unknown estimator {alg.adv_estimator!r}; known: {', '.join(sorted(ADV_ESTIMATOR_REGISTRY))}",
-    )
-    mode = actor.loss_agg_mode
-    need(
-        mode in LOSS_AGG_MODES,
-        f"actor_rollout_ref.actor.loss_agg_mode: unknown mode {mode!r}; known: {', '.join(LOSS_AGG_MODES)}",
-    )
-    lm = actor.policy_loss.loss_mode
-    need(
-        lm in POLICY_LOSS_REGISTRY,
-        f"actor_rollout_ref.actor.policy_loss.loss_mode: unknown mode {lm!r}; known: {', '.join(sorted(POLICY_LOSS_REGISTRY))}",
-    )
+    # algorithm (the estimator, loss and KL names are dapo.algo's rules)
     need(
         actor.clip_ratio_c > 1.0,
         f"actor_rollout_ref.actor.clip_ratio_c: must be > 1 (dual clip), got {actor.clip_ratio_c}",
@@ -121,15 +107,6 @@ def validate(cfg: Any) -> list[str]:
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         v = getattr(actor, key)
         need(v is None or v >= 0, f"actor_rollout_ref.actor.{key}: must be >= 0, got {v}")
-    kl_names = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
-    need(
-        actor.kl_loss_type in kl_names,
-        f"actor_rollout_ref.actor.kl_loss_type: unknown estimator {actor.kl_loss_type!r}; known: {', '.join(kl_names)}",
-    )
-    need(
-        alg.kl_penalty in kl_names,
-        f"algorithm.kl_penalty: unknown estimator {alg.kl_penalty!r}; known: {', '.join(kl_names)}",
-    )
     need(
         alg.kl_ctrl.type in ("fixed", "adaptive"),
         f"algorithm.kl_ctrl.type: must be fixed or adaptive, got {alg.kl_ctrl.type!r}",
@@ -191,12 +168,7 @@ def validate(cfg: Any) -> list[str]:
     if rollout.name == "vllm":
         p.extend(_vllm_problems(rollout, cfg))
     p.extend(_stream_problems(cfg))
-
-    # tools: loading the tool config builds each tool, which checks its own config (the code
-    # interpreter refuses to start without an OS sandbox unless its config opts in to the weak mode)
-    mt = rollout.multi_turn
-    if mt.enable and mt.tool_config_path:
-        p.extend(_tool_config_problems(str(mt.tool_config_path)))
+    p.extend(multi_turn_problems(rollout.multi_turn))
 
     rc = alg.rollout_correction
     need(
@@ -206,43 +178,12 @@ def validate(cfg: Any) -> list[str]:
     )
 
     # reward shaping
-    ob = cfg.reward_model.overlong_buffer
-    if ob.enable:
-        need(ob.len > 0, "reward_model.overlong_buffer.len: must be > 0 when the overlong buffer is enabled")
-        max_len, max_key = _max_resp_len(cfg)
-        need(
-            ob.len < max_len,
-            f"reward_model.overlong_buffer.len={ob.len} is not shorter than {max_key}={max_len}: responses "
-            f"longer than {max_key} - len = {max_len - ob.len} tokens are penalised, so every response would be; "
-            f"set reward_model.overlong_buffer.len below {max_len} (the DAPO recipe uses a fifth of it) or "
-            "reward_model.overlong_buffer.enable=false",
-        )
-    sc = cfg.reward_model.scoring
-    need(
-        sc.mode in ("auto", "process", "inline"),
-        f"reward_model.scoring.mode: must be auto, process or inline, got {sc.mode!r}",
-    )
-    need(sc.timeout_s > 0, f"reward_model.scoring.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
-    need(
-        sc.step_timeout_s is None or sc.step_timeout_s > 0,
-        f"reward_model.scoring.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}",
-    )
-    need(
-        sc.memory_limit_mb >= 0,
-        f"reward_model.scoring.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}",
-    )
+    p.extend(overlong_problems(cfg.reward_model.overlong_buffer, *max_resp_len(cfg)))
+    p.extend(scoring_problems(cfg.reward_model.scoring))
     if objectives and cfg.custom_reward_function.path:
         p.append(
             "reward_model.objectives and custom_reward_function.path are both set; list the custom function as an objective"
         )
-    need(
-        len(set(objectives)) == len(objectives),
-        f"reward_model.objectives: names must be unique, got {objectives}",
-    )
-    need(
-        cfg.reward_model.reward_manager in ("dapo", "naive"),
-        f"reward_model.reward_manager: unknown manager {cfg.reward_model.reward_manager!r}; known: dapo, naive",
-    )
 
     # trainer
     for name in tr.logger:
@@ -272,25 +213,65 @@ def validate(cfg: Any) -> list[str]:
     return p
 
 
-def _tool_config_problems(path: str) -> list[str]:
-    import yaml
+def scoring_problems(sc: Any) -> list[str]:
+    """``reward_model.scoring``'s rules; also the reward manager's when it is built directly."""
+    key = "reward_model.scoring"
+    out = []
+    if sc.mode not in ("auto", "process", "inline"):
+        out.append(f"{key}.mode: must be auto, process or inline, got {sc.mode!r}")
+    if not sc.timeout_s > 0:
+        out.append(f"{key}.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
+    if sc.step_timeout_s is not None and not sc.step_timeout_s > 0:
+        out.append(f"{key}.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}")
+    if not sc.memory_limit_mb >= 0:
+        out.append(f"{key}.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}")
+    return out
 
-    from dapo.tools.config import ToolConfigError, load_tool_config
 
-    try:
-        load_tool_config(path)
-    except ToolConfigError as exc:
-        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {exc}"]
-    except (OSError, yaml.YAMLError) as exc:
-        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+def multi_turn_problems(mt: Any) -> list[str]:
+    """``actor_rollout_ref.rollout.multi_turn``'s own rules (the tool-call ``format`` is the tool
+    parser's rule); also the multi-turn loop's when it is built directly."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    out = []
+    if mt.tool_response_truncate_side not in TRUNCATE_SIDES:
+        out.append(
+            f"{key}.tool_response_truncate_side: must be one of {', '.join(TRUNCATE_SIDES)}, "
+            f"got {mt.tool_response_truncate_side!r}"
+        )
+    if mt.max_parallel_calls < 1:
+        out.append(f"{key}.max_parallel_calls: must be >= 1, got {mt.max_parallel_calls}")
+    if mt.max_tool_response_length < 1:
+        out.append(f"{key}.max_tool_response_length: must be >= 1, got {mt.max_tool_response_length}")
+    for name in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(mt, name)
+        if v is not None and v < 1:
+            out.append(f"{key}.{name}: must be >= 1 or null, got {v}")
+    return out
+
+
+def overlong_problems(ob: Any, max_len: int, max_key: str) -> list[str]:
+    """``reward_model.overlong_buffer`` against the response length it measures (``max_len``,
+    read from ``max_key``): verl's rules, also the reward manager's when it is built directly."""
+    if not ob.enable:
+        return []
+    if ob.len <= 0:
+        return ["reward_model.overlong_buffer.len: must be > 0 when the overlong buffer is enabled"]
+    if ob.len >= max_len:
+        return [
+            f"reward_model.overlong_buffer.len={ob.len} is not shorter than {max_key}={max_len}: responses "
+            f"longer than {max_key} - len = {max_len - ob.len} tokens are penalised, so every response would be; "
+            f"set reward_model.overlong_buffer.len below {max_len} (the DAPO recipe uses a fifth of it) or "
+            "reward_model.overlong_buffer.enable=false"
+        ]
     return []
 
 
-def config_warnings(cfg: Any) -> list[str]:
-    """Settings that run but may not do what a newcomer expects, each naming the key. Give the
-    config as loaded (before ``resolve``): it tells a key the user set from a derived one."""
-    from dapo.config.resolve import count_train_rows, resolve
-
+def config_warnings(cfg: Any, resolved: Any) -> list[str]:
+    """Settings that run but may not do what a newcomer expects, each naming the key: ``cfg`` as
+    loaded (it tells a key the user set from a derived one), ``resolved`` what the run uses."""
     out = list(unimplemented_problems(cfg)[1])
     data, fg = cfg.data, cfg.algorithm.filter_groups
     gbs = data.gen_batch_size
@@ -300,7 +281,7 @@ def config_warnings(cfg: Any) -> list[str]:
             f"generated, not data.train_batch_size={data.train_batch_size} (verl's behaviour); set "
             "data.gen_batch_size=null to train on data.train_batch_size prompts"
         )
-    o = resolve(cfg, num_train_rows=count_train_rows(cfg)).actor_rollout_ref.actor.optim
+    o = resolved.actor_rollout_ref.actor.optim
     if o.lr_warmup_steps > 0:
         out.append(
             f"actor_rollout_ref.actor.optim.lr_warmup_steps={o.lr_warmup_steps}: the learning rate rises "
@@ -317,14 +298,6 @@ def config_warnings(cfg: Any) -> list[str]:
     return out
 
 
-def _max_resp_len(cfg: Any) -> tuple[int, str]:
-    """The response length the overlong penalty measures against, and the key it comes from."""
-    kwargs = cfg.reward_model.reward_kwargs or {}
-    if kwargs.get("max_resp_len") is not None:
-        return int(kwargs["max_resp_len"]), "reward_model.reward_kwargs.max_resp_len"
-    return int(cfg.data.max_response_length), "data.max_response_length"
-
-
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -335,8 +308,8 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
     if rollout.placement not in ("colocated", "server"):
         p.append(f"{key}.placement: must be colocated or server, got {rollout.placement!r}")
     tp = rollout.tensor_model_parallel_size
-    if tp is not None and tp != 1 and cfg.trainer.device != "cuda":
-        p.append(f"{key}.tensor_model_parallel_size: must be 1 (or null) on CPU, got {tp}")
+    if tp != 1 and cfg.trainer.device != "cuda":
+        p.append(f"{key}.tensor_model_parallel_size: must be 1 on CPU, got {tp}")
     if rollout.dtype is not None and rollout.dtype not in VLLM_DTYPES:
         p.append(f"{key}.dtype: must be null or one of {', '.join(VLLM_DTYPES)}, got {rollout.dtype!r}")
     if rollout.load_format not in ("auto", "dummy"):
@@ -410,46 +383,9 @@ def _auto_budget_problems(cfg: Any) -> list[str]:
     return out
 
 
-def _sp_size(cfg: Any) -> int:
-    return int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size or 1)
-
-
-def _dp_size(cfg: Any) -> int:
-    """Data-parallel groups: all ranks over the Ulysses SP size (ranks of an SP group share rows)."""
-    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    sp = _sp_size(cfg)
-    return world // sp if sp >= 1 and world % sp == 0 else world
-
-
-def model_heads(model_path: str | None) -> tuple[int, int] | None:
-    """(num_attention_heads, num_key_value_heads) from a model directory's config.json (the
-    built-in tiny model's when ``model_path`` is None); None when it cannot be read."""
-    import inspect
-    import json
-    from pathlib import Path
-
-    if model_path is None:
-        from dapo.model.tiny import tiny_config
-
-        params = inspect.signature(tiny_config).parameters
-        return int(params["num_attention_heads"].default), int(params["num_key_value_heads"].default)
-    f = Path(str(model_path)).expanduser() / "config.json"
-    try:
-        c = json.loads(f.read_text())
-    except (OSError, ValueError):
-        return None
-    c = c.get("text_config", c) if isinstance(c, dict) else {}
-    heads = c.get("num_attention_heads")
-    if not isinstance(heads, int):
-        return None
-    kv = c.get("num_key_value_heads") or heads
-    return heads, int(kv)
-
-
 def _sequence_parallel_problems(cfg: Any) -> list[str]:
-    """verl's Ulysses rules, checked before any process starts."""
-    from dapo.distributed.ulysses import sp_problem
-
+    """verl's Ulysses rules, checked before any process starts (whether the model's attention
+    heads split is the rule of ``dapo.distributed.ulysses``)."""
     key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
     arr = cfg.actor_rollout_ref
     sp = int(arr.actor.ulysses_sequence_parallel_size or 1)
@@ -474,9 +410,4 @@ def _sequence_parallel_problems(cfg: Any) -> list[str]:
         out.append(
             f"{key}={sp} splits the packed sequence: set actor_rollout_ref.model.use_remove_padding=true"
         )
-    heads = model_heads(arr.model.path)
-    if heads is not None:
-        why = sp_problem(heads[0], heads[1], sp)
-        if why:
-            out.append(f"{key}={sp}: {why}; choose an SP size that divides the attention heads")
     return out

@@ -160,26 +160,25 @@ class PromptSampler:
 
 
 def build_prompt_data(
-    cfg: Any, tokenizer: Any, prompt_width: int, log: Callable[[str], None] = print
+    d: Any,
+    train_files: Any,
+    val_files: Any,
+    tokenizer: Any,
+    prompt_width: int,
+    *,
+    val_only: bool = False,
+    log: Callable[[str], None] = print,
 ) -> tuple[list[PromptRow], list[PromptRow], PromptSampler]:
-    """``data.*``'s train and validation prompts and the train sampler. Without
-    ``data.train_files``, the built-in task (the tool task when multi-turn is on, the reasoning
-    task with ``data.builtin_task=reasoning``) is written to
-    the cache and used, with its test split for validation unless ``data.val_files`` is set."""
-    d = cfg.data
-    train_files, val_files = d.train_files, d.val_files
-    if train_files is None:
-        from dapo.tasks import builtin_task, builtin_task_name
-
-        tr_path, te_path = builtin_task(builtin_task_name(cfg))
-        train_files = str(tr_path)
-        val_files = val_files if val_files is not None else str(te_path)
+    """``data.*``'s (``d``) train and validation prompts and the train sampler, read from
+    ``train_files`` and ``val_files`` (``dapo.tasks.run_files``: the configured files or the
+    built-in task's; no validation when ``val_files`` is None). ``val_only``
+    (``trainer.val_only``, `dapo eval`) logs the validation set only."""
     common = dict(
         prompt_key=d.prompt_key,
         reward_fn_key=d.reward_fn_key,
         filter_overlong_prompts=d.filter_overlong_prompts,
         truncation=d.truncation,
-        chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
+        chat_template_kwargs=dict(d.apply_chat_template_kwargs),
     )
     train_rows, stats = load_prompts(
         train_files,
@@ -200,7 +199,7 @@ def build_prompt_data(
             **common,
         )
     sampler = PromptSampler(train_rows, seed=int(d.seed), shuffle=d.shuffle)
-    if cfg.trainer.val_only:  # `dapo eval`: the train set is not used, so its size says nothing
+    if val_only:  # `dapo eval`: the train set is not used, so its size says nothing
         log(f"data: {len(val_rows)} validation prompts")
         return train_rows, val_rows, sampler
     log(

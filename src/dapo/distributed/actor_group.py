@@ -114,7 +114,7 @@ class DistributedActor:
         self.s = settings
         # ranks r*sp .. r*sp+sp-1 form an SP group that holds the same rows: data splits go to
         # the dp = world / sp groups
-        self.sp = max(1, int(settings.ulysses_sequence_parallel_size))
+        self.sp = settings.sp_size
         if self.world_size % self.sp:
             raise ValueError(
                 f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={self.sp} must divide "
@@ -133,7 +133,7 @@ class DistributedActor:
 
     def configure(self, settings: ActorSettings) -> None:
         """New actor settings (loss mode, micro-batch sizes, ...) on the driver and every rank."""
-        if max(1, int(settings.ulysses_sequence_parallel_size)) != self.sp:
+        if settings.sp_size != self.sp:
             raise ValueError("ulysses_sequence_parallel_size is fixed when the worker group starts")
         self.s = settings
         self.group.call_all("configure", settings)
@@ -205,7 +205,8 @@ class DistributedActor:
         """Per DP group, its piece of every mini-batch (epochs x mini-batches, in order)."""
         s, w = self.s, self.dp
         pieces: list[list[Batch]] = [[] for _ in range(w)]
-        plan = minibatch_plan(len(batch), s.ppo_mini_batch_size, s.ppo_epochs, s.shuffle, s.data_loader_seed)
+        a = s.actor
+        plan = minibatch_plan(len(batch), s.ppo_mini_batch_size, a.ppo_epochs, a.shuffle, a.data_loader_seed)
         for rows in plan:
             mb, added = pad_to_multiple(batch.select(rows), w)
             if added:

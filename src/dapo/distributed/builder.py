@@ -8,16 +8,14 @@
   ``worker_backend`` = ``process`` (spawned local processes, no Ray needed) or ``ray`` (a private
   local Ray when ``nnodes`` = 1 and no cluster address is given, else ``ray.init(address=...)``).
 
-Sizes are normalised per rank as verl's FSDP workers do (docs/verl_compat.md, Batch sizes): the deprecated
-global ``ppo_micro_batch_size`` and ``log_prob_micro_batch_size`` are divided by the DP size;
-the ``*_per_gpu`` values are used as given; ``ppo_mini_batch_size * n`` stays global (the driver
-splits each mini-batch across the ranks) and must divide by the DP size, or the split is
-padded with zero-weight rows (logged).
+Sizes are per rank as verl's FSDP workers use them (docs/verl_compat.md, Batch sizes): the
+``*_per_gpu`` values (the resolved config has divided the deprecated global keys by the DP size);
+``ppo_mini_batch_size * n`` stays global (the driver splits each mini-batch across the ranks) and
+must divide by the DP size, or the split is padded with zero-weight rows (logged).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -36,22 +34,13 @@ def dp_world_size(cfg: Any) -> int:
     return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
 
 
-def per_rank_settings(
-    cfg: Any, settings: ActorSettings, dp: int, log: Callable[[str], None] = print
-) -> ActorSettings:
-    """verl's per-rank micro-batch sizes from the deprecated global keys."""
-    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    micro, lp_micro = settings.ppo_micro_batch_size, settings.log_prob_micro_batch_size
-    if not a.ppo_micro_batch_size_per_gpu and a.ppo_micro_batch_size:
-        micro = max(1, int(a.ppo_micro_batch_size) // dp)
-    if not r.log_prob_micro_batch_size_per_gpu and r.log_prob_micro_batch_size:
-        lp_micro = max(1, int(r.log_prob_micro_batch_size) // dp)
+def warn_uneven_mini_batch(settings: ActorSettings, dp: int, log: Callable[[str], None] = print) -> None:
+    """Say so when a mini-batch does not split evenly over the ``dp`` data-parallel groups."""
     if settings.ppo_mini_batch_size % dp:
         log(
             f"distributed: ppo_mini_batch_size x rollout.n = {settings.ppo_mini_batch_size} trajectories "
             f"does not divide by {dp} ranks; each mini-batch is padded with zero-weight rows"
         )
-    return dataclasses.replace(settings, ppo_micro_batch_size=micro, log_prob_micro_batch_size=lp_micro)
 
 
 def worker_spec(cfg: Any, model_path: str, settings: ActorSettings, use_ref: bool) -> WorkerSpec:
@@ -71,8 +60,9 @@ def worker_spec(cfg: Any, model_path: str, settings: ActorSettings, use_ref: boo
         use_ref=use_ref,
         enable_gradient_checkpointing=bool(m.enable_gradient_checkpointing),
         trust_remote_code=bool(m.trust_remote_code),
-        override_config=dict(m.override_config or {}),
-        torch_threads=max(1, int(cfg.trainer.torch_threads or 1)),
+        override_config=dict(m.override_config),
+        # trainer.torch_threads=0 (all cores) is one thread a rank: the ranks share the cores
+        torch_threads=max(1, int(cfg.trainer.torch_threads)),
         seed=int(cfg.trainer.seed),
     )
 
@@ -94,7 +84,7 @@ def build_actor(
     """The actor the trainer drives (see the module docstring). ``actor`` / ``ref_model`` are the
     in-process ones (used when the world size is 1); ``lr_source`` is the driver's optimizer that
     the LR scheduler steps; ``rollout_model`` is the model the rollout engine samples from."""
-    backend = backend or str(getattr(cfg.trainer, "worker_backend", "auto") or "auto")
+    backend = backend or cfg.trainer.worker_backend
     if backend not in BACKENDS:
         raise ValueError(f"trainer.worker_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     dp = dp_world_size(cfg)
@@ -106,7 +96,8 @@ def build_actor(
         if actor is None:
             raise ValueError("the in-process backend needs the trainer's Actor")
         return LocalActor(actor, ref_model)
-    s = per_rank_settings(cfg, settings, dp // max(1, settings.ulysses_sequence_parallel_size), log)
+    s = settings
+    warn_uneven_mini_batch(s, dp // s.sp_size, log)
     factory = worker_factory(worker_spec(cfg, model_path, s, use_ref))
     nnodes = int(cfg.trainer.nnodes)
     cuda = str(cfg.trainer.device) == "cuda"

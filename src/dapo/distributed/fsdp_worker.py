@@ -44,7 +44,9 @@ _RANK0_KEYS = ("actor/grad_norm", "actor/lr", "actor/kl_coef")
 
 @dataclass
 class WorkerSpec:
-    """Everything a rank needs to build itself (picklable)."""
+    """Everything a rank needs to build itself: a picklable message to a worker process (its own
+    flat shape because it crosses a process boundary, and the distributed tests start ranks from
+    a model directory alone). ``settings`` is the actor's view of the config."""
 
     model_path: str
     settings: ActorSettings
@@ -133,7 +135,7 @@ class FSDPActorWorker:
                 world_size=world,
             )
         self.mesh = build_mesh(world, spec.fsdp_size, "cuda" if cuda else "cpu")
-        self.sp = max(1, int(spec.settings.ulysses_sequence_parallel_size))
+        self.sp = spec.settings.sp_size
         if world % self.sp:
             raise ValueError(
                 f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={self.sp} must divide the world size {world}"
@@ -181,7 +183,7 @@ class FSDPActorWorker:
         mini-batch per call (the driver plans epochs and mini-batches); the packed forward is the
         SP one (``ulysses_response_logprobs``)."""
         counters = getattr(self, "actor", None)
-        dyn = settings.use_dynamic_bsz
+        dyn = settings.actor.use_dynamic_bsz
         if dyn and self.world > 1:
             # every FSDP forward/backward is a collective: all ranks must run the same number of
             # micro-batches (verl all-reduces k with MAX); the actor takes no minimum count yet
@@ -189,16 +191,22 @@ class FSDPActorWorker:
                 "use_dynamic_bsz needs equal micro-batch counts on every rank; using ppo_micro_batch_size"
             )
             dyn = False
-        self.settings = dataclasses.replace(
-            settings,
+        # budgets only size dynamic micro-batches, which ranks do not use yet: an auto one keeps its start value
+        actor = dataclasses.replace(
+            settings.actor,
             ppo_epochs=1,
             shuffle=False,
             ppo_mini_batch_size=1 << 62,
-            use_remove_padding=False,
             use_dynamic_bsz=dyn,
-            log_prob_use_dynamic_bsz=False,
-            auto_budget=None,  # budgets only size dynamic micro-batches, which ranks do not use yet
+            ppo_max_token_len_per_gpu=settings.ppo_token_budget,
         )
+        rollout = dataclasses.replace(
+            settings.rollout,
+            log_prob_use_dynamic_bsz=False,
+            log_prob_max_token_len_per_gpu=settings.log_prob_token_budget,
+        )
+        model = dataclasses.replace(settings.model, use_remove_padding=False)
+        self.settings = dataclasses.replace(settings, actor=actor, rollout=rollout, model=model)
         self.actor = Actor(self.model, self.optimizer, self.settings)
         if counters is not None:
             self.actor.nonfinite_steps = counters.nonfinite_steps
@@ -209,7 +217,7 @@ class FSDPActorWorker:
             )
         base_forward = self.actor._forward
         self._packed = None
-        if settings.use_remove_padding or self.sp > 1:
+        if settings.model.use_remove_padding or self.sp > 1:
             # the model's own forward (FSDP's hooks gather the shards) with packed attention,
             # the sequence split over the SP group when there is one
             from dapo.distributed.ulysses import ulysses_response_logprobs
@@ -270,7 +278,7 @@ class FSDPActorWorker:
         if lr is not None:
             for g in self.optimizer.param_groups:
                 g["lr"] = float(lr)
-        mode = self.settings.loss_agg_mode
+        mode = self.settings.actor.loss_agg_mode
         local = torch.zeros((len(pieces), 2), dtype=torch.float64)
         for j, p in enumerate(pieces):
             m = p.tensors["response_mask"]

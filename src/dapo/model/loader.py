@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,25 +67,26 @@ def _check_dir(path: str | Path) -> Path:
 
 
 def build_policy(
-    cfg: Any, log: Callable[[str], None] = print
-) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, torch.device]:
-    """The policy of ``actor_rollout_ref.model`` (the built-in tiny model when no path is set),
-    its tokenizer and its device: ``(path, tokenizer, model, device)``, the model in train mode."""
+    model_cfg: Any, *, path: str, tokenizer_path: str, device: str, model_dtype: str
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, torch.device]:
+    """The policy of ``actor_rollout_ref.model`` loaded from ``path`` (``dapo.tasks.run_files``:
+    the configured directory or the built-in model), its tokenizer and its device:
+    ``(tokenizer, model, device)``, the model in train mode. ``device`` is ``trainer.device``,
+    ``model_dtype`` ``actor.fsdp_config.model_dtype``."""
     from dapo.model.precision import resolve_model_dtype
-    from dapo.tasks import builtin_model, builtin_task_name
 
-    m = cfg.actor_rollout_ref.model
-    path = m.path or str(builtin_model(builtin_task_name(cfg), log=log))
-    tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
+    m = model_cfg
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=m.trust_remote_code)
     if m.custom_chat_template:
         tokenizer.chat_template = m.custom_chat_template
-    device = torch.device("cuda" if cfg.trainer.device == "cuda" else "cpu")
-    dtype = resolve_model_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, device)
-    model = load_model(path, dtype=dtype, trust_remote_code=m.trust_remote_code)
-    for k, v in (m.override_config or {}).items():
+    dev = torch.device("cuda" if device == "cuda" else "cpu")
+    model = load_model(
+        path, dtype=resolve_model_dtype(model_dtype, dev), trust_remote_code=m.trust_remote_code
+    )
+    for k, v in m.override_config.items():
         setattr(model.config, k, v)
     if m.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    model.to(device)
-    return path, tokenizer, model, device
+    model.to(dev)
+    return tokenizer, model, dev

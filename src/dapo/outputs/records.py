@@ -131,16 +131,14 @@ class GroupRecorder:
 
     @classmethod
     def from_config(cls, run_dir: str | Path, cfg: Any) -> GroupRecorder:
-        """From a resolved ``DapoConfig`` (missing keys fall back to their defaults)."""
-        tr = cfg.trainer
-        ob = getattr(getattr(cfg, "reward_model", None), "overlong_buffer", None)
-        buf = int(getattr(ob, "len", 0) or 0) if ob is not None and getattr(ob, "enable", False) else 0
+        """From the resolved run config."""
+        tr, ob = cfg.trainer, cfg.reward_model.overlong_buffer
         return cls(
             run_dir,
-            max_response_length=getattr(cfg.data, "max_response_length", None),
-            overlong_buffer_len=buf,
-            rollout_data_dir=getattr(tr, "rollout_data_dir", None),
-            validation_data_dir=getattr(tr, "validation_data_dir", None),
+            max_response_length=cfg.data.max_response_length,
+            overlong_buffer_len=int(ob.len) if ob.enable else 0,
+            rollout_data_dir=tr.rollout_data_dir,
+            validation_data_dir=tr.validation_data_dir,
         )
 
     def write(self, step: int, sampled: Any) -> None:

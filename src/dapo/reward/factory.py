@@ -1,112 +1,79 @@
-"""Build a reward manager from a verl-style config: an OmegaConf config or a dict, possibly
-partial. It is merged onto the schema (``dapo.config.schema``) first, so an absent key takes the
-schema's default and every key is read one way.
+"""The run's reward manager, from the run config (``dapo.run_config.build_run_config``: validated
+and resolved, so every key is read one way and nothing is re-derived here).
 
 Keys read:
 
 * ``reward_model.reward_manager``: ``dapo`` (overlong shaping) or ``naive``.
-* ``reward_model.overlong_buffer.{enable,len,penalty_factor,log}``;
-  ``reward_model.reward_kwargs.overlong_buffer_cfg.*`` is accepted as an alias (verl run
-  scripts add it with ``+``); giving both with different values is an error.
-* ``reward_model.reward_kwargs.max_resp_len`` (absent: ``data.max_response_length``).
+* ``reward_model.overlong_buffer`` (verl's alias ``reward_model.reward_kwargs.overlong_buffer_cfg``
+  is merged into it when the config is loaded).
+* ``reward_model.reward_kwargs.max_resp_len`` (resolved: ``data.max_response_length`` when absent).
 * ``data.reward_fn_key``.
 * ``custom_reward_function.{path,name,reward_kwargs}``.
 * ``reward_model.objectives``: a list of ``{name, weight, path, function, reward_kwargs}``;
   ``path: null`` is the built-in router.
-* ``reward_model.scoring.{mode,timeout_s,failure_score,num_workers,step_timeout_s,memory_limit_mb}``.
+* ``reward_model.scoring`` (how scorers are isolated).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
-from dapo.config.schema import DapoConfig
-from dapo.reward.manager import (
-    REWARD_MANAGERS,
-    DAPORewardManager,
-    OverlongBufferConfig,
-    RewardObjective,
-    ScoringConfig,
-)
+from dapo.config.schema import DapoConfig, RewardObjectiveConfig
+from dapo.reward.manager import REWARD_MANAGERS, DAPORewardManager, RewardObjective, objective_name_problems
 from dapo.reward.pool import ScorerRef
 
 
-def _full(cfg: Any) -> DictConfig:
-    """``cfg`` (possibly partial) over the schema's defaults."""
-    return OmegaConf.merge(OmegaConf.structured(DapoConfig), cfg)
-
-
-def _plain(value: Any) -> Any:
-    return (
-        OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
-    )
-
-
-def resolve_overlong_cfg(cfg: Any) -> OverlongBufferConfig:
-    rm = _full(cfg).reward_model
-    primary = OverlongBufferConfig.coerce(_plain(rm.overlong_buffer))
-    alias_raw = rm.reward_kwargs.get("overlong_buffer_cfg")
-    if alias_raw is None:
-        return primary  # type: ignore[return-value]
-    alias = OverlongBufferConfig.coerce(_plain(alias_raw))
-    if primary != OverlongBufferConfig() and primary != alias:
-        raise ValueError(
-            "reward_model.overlong_buffer and its alias reward_model.reward_kwargs.overlong_buffer_cfg are both "
-            f"set and disagree ({primary} vs {alias}); keep one of them"
+def config_problems(cfg: Any) -> list[str]:
+    """The rules dapo.reward owns (handed to the config pipeline by ``dapo.run_config``): the
+    manager's name, the objectives' names, and that each reward function's file exists (it is
+    imported, and its function looked up, when the manager is built)."""
+    rm = cfg.reward_model
+    out = []
+    files = [("custom_reward_function.path", cfg.custom_reward_function.path)]
+    files += [(f"reward_model.objectives[{k}].path", o.path) for k, o in enumerate(rm.objectives or [])]
+    for key, path in files:
+        if path and not Path(str(path)).expanduser().is_file():
+            out.append(f"{key}={path}: no such file; give the python file that defines the reward function")
+    if rm.reward_manager not in REWARD_MANAGERS:
+        out.append(
+            f"reward_model.reward_manager: unknown manager {rm.reward_manager!r}; "
+            f"known: {', '.join(sorted(REWARD_MANAGERS))}"
         )
-    return alias  # type: ignore[return-value]
+    if rm.objectives:
+        out.extend(objective_name_problems([str(o.name or "") for o in rm.objectives]))
+    return out
 
 
-def build_objectives(cfg: Any) -> list[RewardObjective] | None:
-    cfg = _full(cfg)
-    entries = cfg.reward_model.objectives
+def build_objectives(entries: list[RewardObjectiveConfig] | None) -> list[RewardObjective] | None:
+    """``reward_model.objectives`` as the manager's objectives (None: one reward function)."""
     if not entries:
         return None
-    if cfg.custom_reward_function.path:
-        raise ValueError(
-            "set either custom_reward_function.path or reward_model.objectives (give the custom function a "
-            "path in one objective), not both"
+    return [
+        RewardObjective(
+            name=str(entry.name),
+            compute_score=ScorerRef.from_file(entry.path, entry.function) if entry.path else None,
+            weight=float(entry.weight),
+            reward_kwargs=dict(entry.reward_kwargs),
         )
-    objectives = []
-    for k, entry in enumerate(entries):
-        if not entry.name:
-            raise ValueError(f"reward_model.objectives[{k}] needs a 'name' (got {_plain(entry)!r})")
-        ref = ScorerRef.from_file(entry.path, entry.function) if entry.path else None
-        objectives.append(
-            RewardObjective(
-                name=str(entry.name),
-                compute_score=ref,
-                weight=float(entry.weight),
-                reward_kwargs=dict(_plain(entry.reward_kwargs)),
-            )
-        )
-    return objectives
+        for entry in entries
+    ]
 
 
-def build_reward_manager(cfg: Any, tokenizer: Any, num_examine: int = 0) -> DAPORewardManager:
+def build_reward_manager(cfg: DapoConfig, tokenizer: Any, num_examine: int = 0) -> DAPORewardManager:
     """The reward manager the config asks for. Call ``.close()`` (or use ``with``) when done."""
-    cfg = _full(cfg)
     rm, custom = cfg.reward_model, cfg.custom_reward_function
-    name = rm.reward_manager
-    if name not in REWARD_MANAGERS:
-        raise ValueError(
-            f"reward_model.reward_manager must be one of {sorted(REWARD_MANAGERS)}, got {name!r}"
-        )
     compute_score = ScorerRef.from_file(custom.path, custom.name) if custom.path else None
     if compute_score is not None:
         ScorerRef.load(compute_score)  # fail now, with the key named, if the file or function is missing
-    scoring = ScoringConfig(**{k: v for k, v in _plain(rm.scoring).items() if v is not None})
-    max_resp_len = rm.reward_kwargs.get("max_resp_len")
     kwargs: dict[str, Any] = dict(
         reward_fn_key=cfg.data.reward_fn_key,
-        max_resp_len=int(max_resp_len if max_resp_len is not None else cfg.data.max_response_length),
-        objectives=build_objectives(cfg),
-        scoring=scoring,
-        reward_kwargs=dict(_plain(custom.reward_kwargs)),
+        max_resp_len=int(rm.reward_kwargs["max_resp_len"]),
+        objectives=build_objectives(rm.objectives),
+        scoring=rm.scoring,
+        reward_kwargs=dict(custom.reward_kwargs),
         num_examine=num_examine,
     )
-    if name == "dapo":
-        kwargs["overlong_buffer_cfg"] = resolve_overlong_cfg(cfg)
-    return REWARD_MANAGERS[name](tokenizer, compute_score, **kwargs)
+    if rm.reward_manager == "dapo":
+        kwargs["overlong_buffer_cfg"] = rm.overlong_buffer
+    return REWARD_MANAGERS[rm.reward_manager](tokenizer, compute_score, **kwargs)

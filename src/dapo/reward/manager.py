@@ -5,7 +5,7 @@
 manager on a :class:`dapo.batch.Batch` returns ``(token_level_scores, reward_extra_info)``
 (a :class:`RewardOutput`, which also carries ``.metrics``).
 
-Safe scoring (``ScoringConfig.mode``):
+Safe scoring (``reward_model.scoring.mode``, the schema's ``ScoringConfig``):
 
 * ``auto`` (default): the built-in scorers that only run bounded regexes on capped text
   (math_dapo / arithmetic / aime*, gsm8k, countdown; see
@@ -37,53 +37,36 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo.config import schema
+from dapo.config.schema import OverlongBufferConfig, ScoringConfig
+from dapo.config.validate import overlong_problems, scoring_problems
 from dapo.reward.pool import CONFIG, DIED, OK, TIMEOUT, ScorerRef, ScoringPool, call_scorer
 from dapo.reward.scorers import UnknownDataSourceError, is_inline_safe
 
 log = logging.getLogger(__name__)
 
 _BUILTIN = ScorerRef.builtin()
-SAFETY_MODES = ("auto", "process", "inline")
 
 
-@dataclass
-class OverlongBufferConfig(schema.OverlongBufferConfig):
-    """``reward_model.overlong_buffer`` (alias ``reward_model.reward_kwargs.overlong_buffer_cfg``);
-    the fields and defaults are the schema's."""
-
-    @staticmethod
-    def coerce(cfg: Any) -> OverlongBufferConfig | None:
-        if cfg is None or isinstance(cfg, OverlongBufferConfig):
-            return cfg
-        get = (lambda k, d: cfg.get(k, d)) if isinstance(cfg, Mapping) or hasattr(cfg, "get") else None
-        if get is None:
-            get = lambda k, d: getattr(cfg, k, d)  # noqa: E731
-        return OverlongBufferConfig(
-            enable=bool(get("enable", False)),
-            len=int(get("len", 0) or 0),
-            penalty_factor=float(get("penalty_factor", 0.0) or 0.0),
-            log=bool(get("log", False)),
-        )
+RESERVED_OBJECTIVE_NAMES = ("score", "acc", "pred", "overlong", "overlong_reward")
 
 
-@dataclass
-class ScoringConfig(schema.ScoringConfig):
-    """``reward_model.scoring``: how scorers are isolated (fields and defaults are the schema's)."""
+def _as_block(value: Any, cls: type) -> Any:
+    """The schema's block ``cls`` (the manager's settings); verl hands it over as a DictConfig."""
+    if value is None or isinstance(value, cls):
+        return value
+    return cls(**dict(value))
 
-    def __post_init__(self) -> None:
-        if self.mode not in SAFETY_MODES:
-            raise ValueError(f"reward_model.scoring.mode must be one of {SAFETY_MODES}, got {self.mode!r}")
-        if not self.timeout_s or self.timeout_s <= 0:
-            raise ValueError(f"reward_model.scoring.timeout_s must be > 0, got {self.timeout_s}")
-        if self.step_timeout_s is not None and self.step_timeout_s <= 0:
-            raise ValueError(
-                f"reward_model.scoring.step_timeout_s must be > 0 or null (no budget), got {self.step_timeout_s}"
-            )
-        if self.memory_limit_mb is None or self.memory_limit_mb < 0:
-            raise ValueError(
-                f"reward_model.scoring.memory_limit_mb must be >= 0 (0: no limit), got {self.memory_limit_mb}"
-            )
+
+def objective_name_problems(names: Sequence[str]) -> list[str]:
+    """Objective names must be unique, non-empty, without '/', and not a reserved reward key
+    (the rule of ``reward_model.objectives``, checked by the config pipeline)."""
+    bad = [n for n in names if not n or n in RESERVED_OBJECTIVE_NAMES or "/" in n]
+    if bad or len(set(names)) != len(names):
+        return [
+            f"reward_model.objectives: names must be unique, non-empty, without '/', and not one of "
+            f"{sorted(RESERVED_OBJECTIVE_NAMES)}; got {list(names)}"
+        ]
+    return []
 
 
 @dataclass
@@ -123,24 +106,17 @@ class RewardOutput(tuple):
 
 
 def validate_overlong(cfg: OverlongBufferConfig | None, max_resp_len: int | None) -> None:
-    """verl 0.9.1 rules, with messages that name the keys."""
+    """verl's rules (``dapo.config.validate.overlong_problems``), for a manager built directly."""
     if cfg is None or not cfg.enable:
         return
-    if cfg.len <= 0:
-        raise ValueError(
-            f"reward_model.overlong_buffer.len must be > 0 when reward_model.overlong_buffer.enable=True "
-            f"(got {cfg.len}); set it to the number of tokens before max_resp_len where the penalty starts"
-        )
     if max_resp_len is None:
         raise ValueError(
             "reward_model.reward_kwargs.max_resp_len (default: data.max_response_length) must be set when "
             "reward_model.overlong_buffer.enable=True"
         )
-    if max_resp_len <= cfg.len:  # a buffer as long as the response would penalise every token
-        raise ValueError(
-            f"reward_model.reward_kwargs.max_resp_len ({max_resp_len}) must be > reward_model.overlong_buffer.len "
-            f"({cfg.len}); lower the buffer or raise data.max_response_length"
-        )
+    problems = overlong_problems(cfg, max_resp_len, "reward_model.reward_kwargs.max_resp_len")
+    if problems:
+        raise ValueError(problems[0])
 
 
 class _ObjectiveScorer:
@@ -248,11 +224,13 @@ class DAPORewardManager:
             None for the built-in ``default_compute_score``. Ignored when ``objectives`` is given.
         reward_fn_key: the non-tensor column that names the data source (``data.reward_fn_key``).
         max_resp_len: the response budget the overlong penalty is measured against.
-        overlong_buffer_cfg: ``enable``, ``len``, ``penalty_factor``, ``log`` (dict or dataclass).
+        overlong_buffer_cfg: ``reward_model.overlong_buffer`` (the schema's dataclass, or a mapping
+            of its keys as verl passes it).
         objectives: a list of :class:`RewardObjective`; their weighted scores are summed. Each
             objective's raw score is in ``reward_extra_info[<name>]`` (so a filter metric may
             name it) and its mean in the metric ``reward/<name>/mean``.
-        scoring: a :class:`ScoringConfig` (or dict) for isolation, timeout and failure score.
+        scoring: ``reward_model.scoring`` (the schema's ``ScoringConfig``, or a mapping of its keys)
+            for isolation, timeout and failure score.
         reward_kwargs: extra keyword arguments for ``compute_score`` (``custom_reward_function.reward_kwargs``).
         num_examine: print this many decoded samples per data source on each call.
     """
@@ -276,25 +254,20 @@ class DAPORewardManager:
         self.reward_fn_key = reward_fn_key
         self.max_resp_len = max_resp_len
         self.overlong_buffer_cfg = (
-            OverlongBufferConfig.coerce(overlong_buffer_cfg) if self.apply_overlong else None
+            _as_block(overlong_buffer_cfg, OverlongBufferConfig) if self.apply_overlong else None
         )
         validate_overlong(self.overlong_buffer_cfg, max_resp_len)
-        if scoring is None:
-            scoring = ScoringConfig()
-        elif not isinstance(scoring, ScoringConfig):
-            scoring = ScoringConfig(**{k: v for k, v in dict(scoring).items() if v is not None})
+        scoring = _as_block(scoring, ScoringConfig) or ScoringConfig()
+        problems = scoring_problems(scoring)
+        if problems:
+            raise ValueError(problems[0])
         self.scoring = scoring
         self.num_examine = num_examine
         self.multi_objective = bool(objectives)
         if objectives:
-            names = [o.name for o in objectives]
-            reserved = {"score", "acc", "pred", "overlong", "overlong_reward"}
-            bad = [n for n in names if not n or n in reserved or "/" in n]
-            if bad or len(set(names)) != len(names):
-                raise ValueError(
-                    f"reward_model.objectives: names must be unique, non-empty, without '/', and not one of "
-                    f"{sorted(reserved)}; got {names}"
-                )
+            problems = objective_name_problems([o.name for o in objectives])
+            if problems:
+                raise ValueError(problems[0])
             self.objectives = list(objectives)
         else:
             self.objectives = [RewardObjective("score", compute_score, 1.0, dict(reward_kwargs or {}))]

@@ -23,9 +23,9 @@ def build_rollout(
     pad_id: int,
     log: Callable[[str], None] = print,
 ) -> Any:
-    """An engine with ``generate(prompt_ids, params, prompt_width) -> RolloutOutput``."""
+    """An engine with ``generate(prompt_ids, params, prompt_width) -> RolloutOutput``, from the
+    resolved run config (``rollout.seed``, ``prompt_length`` and ``response_length`` filled)."""
     r = cfg.actor_rollout_ref.rollout
-    seed = int(r.seed if r.seed is not None else cfg.trainer.seed)
     if r.name != "vllm":
         from dapo.rollout.hf import HFRollout
 
@@ -34,15 +34,18 @@ def build_rollout(
 
     device = "cuda" if cfg.trainer.device == "cuda" else "cpu"
     check_model(model.config, device)
-    max_len = int(r.prompt_length or cfg.data.max_prompt_length) + int(
-        r.response_length or cfg.data.max_response_length
-    )
+    max_len = int(r.prompt_length) + int(r.response_length)
     settings = VllmSettings.from_config(r, vllm_dtype(r, model), max_len, device)
     if r.placement == "server":
         from dapo.rollout.vllm_server import VllmServerRollout
 
         engine: Any = VllmServerRollout(
-            model_path, eos_ids, pad_id, settings, seed=seed, startup_timeout_s=r.server_startup_timeout_s
+            model_path,
+            eos_ids,
+            pad_id,
+            settings,
+            seed=int(r.seed),
+            startup_timeout_s=r.server_startup_timeout_s,
         )
         log(
             f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}, weights in {engine.weights_dir}"
@@ -50,7 +53,7 @@ def build_rollout(
     else:
         from dapo.rollout.vllm_rollout import VllmRollout
 
-        engine = VllmRollout(model_path, eos_ids, pad_id, settings, seed=seed)
+        engine = VllmRollout(model_path, eos_ids, pad_id, settings, seed=int(r.seed))
     if settings.load_format == "dummy":  # no weights yet: the first generation syncs
         engine.synced_version = None
     return engine

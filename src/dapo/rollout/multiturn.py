@@ -26,6 +26,7 @@ continue every live trajectory from its own context.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,11 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.config.schema import MultiTurnConfig
+from dapo.config.validate import multi_turn_problems
 from dapo.rollout.hf import RolloutOutput, SamplingParams
 from dapo.tools.base import BaseTool, ToolResponse
 from dapo.tools.parser import ToolCall, get_parser
 
-TRUNCATE_SIDES = ("left", "right", "middle")
 # error kinds counted in metrics as tools/<kind>
 ERROR_KINDS = (
     "malformed",
@@ -66,48 +68,25 @@ class MultiTurnOutput(RolloutOutput):
 
 
 @dataclass
-class MultiTurnSettings:
-    """``actor_rollout_ref.rollout.multi_turn`` values the loop reads."""
+class MultiTurnSettings(MultiTurnConfig):
+    """What the loop reads: ``actor_rollout_ref.rollout.multi_turn`` (the schema's block, its keys
+    and defaults) plus ``tool_workers``, which the config does not set. The config pipeline
+    checks the block's rules (``dapo.config.validate.multi_turn_problems``); a loop built
+    directly checks the same rules here."""
 
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    format: str = "hermes"
     tool_workers: int = 2  # threads running tool calls concurrently (ours)
 
     def __post_init__(self) -> None:
-        key = "actor_rollout_ref.rollout.multi_turn"
-        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(
-                f"{key}.tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
-                f"got {self.tool_response_truncate_side!r}"
-            )
-        if self.max_parallel_calls < 1:
-            raise ValueError(f"{key}.max_parallel_calls must be >= 1, got {self.max_parallel_calls}")
-        if self.max_tool_response_length < 1:
-            raise ValueError(
-                f"{key}.max_tool_response_length must be >= 1, got {self.max_tool_response_length}"
-            )
-        for name in ("max_assistant_turns", "max_user_turns"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ValueError(f"{key}.{name} must be >= 1 or null, got {v}")
+        problems = multi_turn_problems(self)
+        if problems:
+            raise ValueError(problems[0])
         get_parser(self.format)
 
     @staticmethod
     def from_config(cfg: Any) -> MultiTurnSettings:
-        get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
-        return MultiTurnSettings(
-            max_assistant_turns=get("max_assistant_turns", None),
-            max_user_turns=get("max_user_turns", None),
-            max_parallel_calls=int(get("max_parallel_calls", 1) or 1),
-            max_tool_response_length=int(get("max_tool_response_length", 256) or 256),
-            tool_response_truncate_side=str(get("tool_response_truncate_side", "middle") or "middle"),
-            format=str(get("format", "hermes") or "hermes"),
-            tool_workers=int(get("tool_workers", 2) or 2),
-        )
+        """From the schema's block (or a mapping of its keys)."""
+        keys = dict(cfg) if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+        return MultiTurnSettings(**keys)
 
 
 def truncate_tool_text(text: str, limit: int, side: str) -> str:
@@ -175,16 +154,7 @@ class MultiTurnRollout:
         """Build from ``actor_rollout_ref.rollout.multi_turn`` (loads ``tool_config_path``)."""
         from dapo.tools.config import load_tool_config
 
-        get = (
-            multi_turn_cfg.get
-            if hasattr(multi_turn_cfg, "get")
-            else lambda k, d=None: getattr(multi_turn_cfg, k, d)
-        )
-        path = get("tool_config_path", None)
-        if get("interaction_config_path", None):
-            raise ValueError(
-                "actor_rollout_ref.rollout.multi_turn.interaction_config_path is not supported yet; leave it null"
-            )
+        path = multi_turn_cfg.tool_config_path
         tools = load_tool_config(path) if path else []
         return MultiTurnRollout(engine, tokenizer, tools, MultiTurnSettings.from_config(multi_turn_cfg))
 

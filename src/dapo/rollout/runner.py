@@ -10,7 +10,6 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from dapo.batch import Batch
 from dapo.rollout.factory import build_rollout
@@ -26,7 +25,7 @@ def weights_version(model: torch.nn.Module) -> int:
 class RolloutRunner:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: Any,
         model: torch.nn.Module,
         tokenizer: Any,
         log: Callable[[str], None] = print,
@@ -34,7 +33,7 @@ class RolloutRunner:
     ):
         r = cfg.actor_rollout_ref.rollout
         self.rollout_cfg = r
-        self.prompt_width = int(r.prompt_length)  # resolved: data.max_prompt_length when null
+        self.prompt_width = int(r.prompt_length)  # resolved from data.max_prompt_length when null
         self.response_length = int(r.response_length)
         self.policy = model
         eos = tokenizer.eos_token_id

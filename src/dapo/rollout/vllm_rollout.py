@@ -52,7 +52,11 @@ class WeightSyncError(DapoError, RuntimeError):
 
 @dataclass
 class VllmSettings:
-    """``actor_rollout_ref.rollout`` keys the vLLM engine reads (defaults: the config schema's)."""
+    """What a vLLM engine is started with: ``actor_rollout_ref.rollout``'s engine keys (read from
+    the resolved config, or the schema's defaults for ``for_model``) plus what only the run
+    knows, the weights' dtype, ``max_model_len`` (prompt + response width) and the device. A
+    flat value of its own because it crosses to the vLLM server process as command-line
+    arguments, and the engines are also started from a model alone (benchmarks, tests)."""
 
     dtype: str
     tensor_model_parallel_size: int
@@ -71,7 +75,7 @@ class VllmSettings:
     def from_config(rollout: Any, dtype: str, max_model_len: int, device: str) -> VllmSettings:
         return VllmSettings(
             dtype=dtype,
-            tensor_model_parallel_size=int(rollout.tensor_model_parallel_size or 1),
+            tensor_model_parallel_size=int(rollout.tensor_model_parallel_size),
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             enforce_eager=bool(rollout.enforce_eager),
             free_cache_engine=bool(rollout.free_cache_engine),

@@ -17,11 +17,21 @@ Each folder's name carries a fingerprint of its recipe, so a changed recipe buil
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 #: ``data.builtin_task`` values (the tool task is chosen by ``multi_turn.enable`` instead)
 BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse", "reasoning_wide")
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """``data.builtin_task`` must name a built-in task (``dapo.run_config`` hands this rule to the
+    config pipeline)."""
+    task = cfg.data.builtin_task
+    if task in BUILTIN_TASKS:
+        return []
+    return [f"data.builtin_task: must be one of {', '.join(BUILTIN_TASKS)}, got {task!r}"]
 
 
 def builtin_task_name(cfg: Any) -> str:
@@ -68,3 +78,32 @@ def builtin_model(name: str = "arithmetic", log: Callable[[str], None] = print) 
     from dapo.tasks.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(log=log)
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The model, tokenizer and prompt files a run reads (see ``run_files``)."""
+
+    model_path: str
+    tokenizer_path: str
+    train_files: Any
+    val_files: Any
+
+
+def run_files(cfg: Any, log: Callable[[str], None] = print) -> RunFiles:
+    """The files of the resolved run config ``cfg``, with the built-in ones where it leaves them
+    null, built into the cache on first use: this is the one place the built-in model and task
+    stand in for ``actor_rollout_ref.model.path`` (its tokenizer too, when
+    ``model.tokenizer_path`` is null) and ``data.train_files`` (its test split for validation,
+    when ``data.val_files`` is null); ``builtin_task_name`` picks which. Called by the trainer
+    after the config is built, so ``dapo validate`` builds nothing."""
+    m, d = cfg.actor_rollout_ref.model, cfg.data
+    name = builtin_task_name(cfg)
+    model = str(m.path) if m.path is not None else str(builtin_model(name, log=log))
+    tokenizer = str(m.tokenizer_path) if m.tokenizer_path is not None else model
+    train, val = d.train_files, d.val_files
+    if train is None:
+        builtin_train, builtin_test = builtin_task(name)
+        train = str(builtin_train)
+        val = val if val is not None else str(builtin_test)
+    return RunFiles(model, tokenizer, train, val)

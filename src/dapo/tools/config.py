@@ -22,6 +22,7 @@ import yaml
 
 from dapo.errors import DapoError
 from dapo.tools.base import BaseTool, resolve_tool_class
+from dapo.tools.parser import PARSERS
 
 BUILTIN_CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -69,3 +70,24 @@ def load_tool_config(path: str | Path) -> list[BaseTool]:
     with open(p) as f:
         data = yaml.safe_load(f)
     return tools_from_config(data, str(p))
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """The tool config of a multi-turn run must load: loading builds each tool, which checks its
+    own config (the code interpreter refuses to start without an OS sandbox unless its config
+    opts in to the weak mode), so a bad file is named before any work (``dapo.run_config``)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.format not in PARSERS:
+        return [
+            f"actor_rollout_ref.rollout.multi_turn.format: must be one of {', '.join(sorted(PARSERS))}, got {mt.format!r}"
+        ]
+    if not (mt.enable and mt.tool_config_path):
+        return []
+    path = str(mt.tool_config_path)
+    try:
+        load_tool_config(path)
+    except ToolConfigError as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {exc}"]
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r}: cannot read it: {exc}"]
+    return []

@@ -25,9 +25,9 @@ from dapo.algo.advantages import get_adv_estimator_fn
 from dapo.algo.kl import get_kl_controller
 from dapo.batch import Batch
 from dapo.checkpoint.store import save_model_dir
-from dapo.config.load import ConfigError, to_yaml
-from dapo.config.resolve import resolve, typed
-from dapo.config.validate import validate
+from dapo.config.load import to_yaml
+from dapo.config.pipeline import finalize_steps
+from dapo.config.schema import DapoConfig
 from dapo.data.dataset import build_prompt_data
 from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.errors import check_nonfinite
@@ -43,6 +43,7 @@ from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner
 from dapo.sampling import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
+from dapo.tasks import run_files
 from dapo.trainer.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.trainer.signals import GracefulStop
 from dapo.trainer.state import resume_trainer, save_trainer
@@ -51,14 +52,20 @@ from dapo.viewer.report import refresh_report
 
 
 class Trainer:
-    def __init__(self, cfg: Any, printer: Callable[[str], None] = print, console: Console | None = None):
-        """``printer`` prints a line; ``console``, when given, is the rich console it prints to: the
-        progress bar then shares it (lines print above the bar) and lines fit its width."""
-        problems = validate(cfg)
-        if problems:
-            raise ConfigError(problems)
-        resolved = resolve(cfg)
-        self.cfg = cfg = typed(resolved)
+    def __init__(
+        self, cfg: DapoConfig, printer: Callable[[str], None] = print, console: Console | None = None
+    ):
+        """``cfg`` is the run's config as ``dapo.run_config.build_run_config`` makes it (validated,
+        resolved, typed; ``.cfg`` of its result); the trainer only adds the step count once the
+        data is loaded (``finalize_steps``) and never writes to it. ``printer`` prints a line;
+        ``console``, when given, is the rich console it prints to: the progress bar then shares it
+        (lines print above the bar) and lines fit its width."""
+        if not isinstance(cfg, DapoConfig):
+            raise TypeError(
+                f"Trainer takes the run config that dapo.run_config.build_run_config(...).cfg makes "
+                f"(validated and resolved), got {type(cfg).__name__}"
+            )
+        self.cfg = cfg
         self.print, self.console = printer, console
         quiet_third_party_bars()
         # the reward pool forks after the tokenizer has run; its Rust threads must not be in use then
@@ -73,11 +80,25 @@ class Trainer:
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # the resolved configuration of this run (of its latest start, for a resumed run)
-        (self.run_dir / "config.yaml").write_text(to_yaml(resolved))
-        self.model_path, self.tokenizer, self.model, self.device = build_policy(cfg, self.print)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        files = run_files(cfg, self.print)
+        self.model_path = files.model_path
+        self.tokenizer, self.model, self.device = build_policy(
+            cfg.actor_rollout_ref.model,
+            path=files.model_path,
+            tokenizer_path=files.tokenizer_path,
+            device=tr.device,
+            model_dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
+        )
         self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print, model_path=self.model_path)
         self.train_rows, self.val_rows, self.sampler = build_prompt_data(
-            cfg, self.tokenizer, self.rollout.prompt_width, self.print
+            cfg.data,
+            files.train_files,
+            files.val_files,
+            self.tokenizer,
+            self.rollout.prompt_width,
+            val_only=tr.val_only,
+            log=self.print,
         )
         self.reward_fn = build_reward_manager(cfg, self.tokenizer)
         if not cfg.custom_reward_function.path:
@@ -109,7 +130,7 @@ class Trainer:
     # ---------------------------------------------------------------- setup
 
     def _setup_algorithm(self) -> None:
-        self.cfg = cfg = resolve(self.cfg, num_train_rows=len(self.train_rows))  # the step count
+        self.cfg = cfg = finalize_steps(self.cfg, len(self.train_rows))
         a, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
         self.settings = actor_settings_from_config(cfg)
         self.total_training_steps = int(cfg.trainer.total_training_steps)
@@ -256,7 +277,7 @@ class Trainer:
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
         if not hasattr(self, "_peak_flops"):  # measured once per run (on a CPU it draws from torch's RNG)
             self._peak_flops = device_peak_flops(self.device, next(self.model.parameters()).dtype)
-        seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.ppo_epochs
+        seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.actor.ppo_epochs
         seconds = self.timer.raw.get("update_actor", 0.0)
         metrics.update(
             actor_perf_metrics(self.model.config, seq_lens, seconds, self.device, self._peak_flops)
