@@ -12,7 +12,7 @@ from dapo.data.parquet import DataError
 from dapo.errors import DapoError, ModelError, TrainingError
 from dapo.outputs.rundir import RunDirError
 from dapo.outputs.tracking import TrackerUnavailable
-from dapo.viewer.dumps import DumpError
+from dapo.viewer.dump_reader import DumpError
 
 
 def test_errors_share_the_base_and_keep_their_builtin():
@@ -55,8 +55,7 @@ def test_unknown_config_key(capsys):
     rc, err = _run(["validate", "data.trian_batch_size=3"], capsys)
     assert rc == 2
     assert err == (
-        "dapo: invalid configuration:\n"
-        "  - data.trian_batch_size: unknown configuration key; did you mean data.train_batch_size or "
+        "dapo: invalid configuration: data.trian_batch_size: unknown configuration key; did you mean data.train_batch_size or "
         "data.val_batch_size or data.gen_batch_size?\n"
     )
 
@@ -65,8 +64,7 @@ def test_config_rule_violation(capsys):
     rc, err = _run(["validate", "data.gen_batch_size=8", "data.train_batch_size=16"], capsys)
     assert rc == 2
     assert err == (
-        "dapo: invalid configuration:\n"
-        "  - data.gen_batch_size=8 is smaller than data.train_batch_size=16: a generation round must "
+        "dapo: invalid configuration: data.gen_batch_size=8 is smaller than data.train_batch_size=16: a generation round must "
         "cover at least one training batch; set data.gen_batch_size>=16 (or null for 16)\n"
     )
 
@@ -97,3 +95,15 @@ def test_unexpected_exception_keeps_its_traceback(tmp_path):
     not_a_dir.write_text("")
     with pytest.raises(OSError):
         main(["data", "arithmetic", "--output", str(not_a_dir / "data")])
+
+
+def test_several_config_problems_are_listed_one_per_line(capsys):
+    argv = ["validate", "data.trian_batch_size=3", "data.gen_batch_size=8", "data.train_batch_size=16"]
+    rc, err = _run(argv, capsys)
+    assert rc == 2
+    head, *problems = err.splitlines()
+    assert head == "dapo: invalid configuration:"
+    assert [p.split(":")[0] for p in problems] == [
+        "  - data.trian_batch_size",
+        "  - data.gen_batch_size=8 is smaller than data.train_batch_size=16",
+    ]

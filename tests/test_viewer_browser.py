@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dapo.viewer.dumps import DumpDir, DumpError, find_dumps, row_matches, sort_order
+from dapo.viewer.dump_reader import DumpDir, DumpError, find_dumps, row_matches, sort_order
 
 # step -> rows (score, text); step 10 sorts after step 2 (integer stems)
 STEPS = {
@@ -242,7 +242,7 @@ def test_sample_list_shows_score_and_preview_without_sorting(tmp_path):
 
 
 def test_row_preview_is_one_short_line():
-    from dapo.viewer.dumps import row_preview
+    from dapo.viewer.dump_reader import row_preview
 
     assert row_preview({"output": "Answer:\n  42\tok"}) == "Answer: 42 ok"
     assert row_preview({"output": "x" * 30}, width=10) == "x" * 9 + "…"

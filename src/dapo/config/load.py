@@ -24,7 +24,10 @@ class ConfigError(DapoError, ValueError):
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        if len(self.problems) == 1:  # one problem, one line
+            super().__init__(f"invalid configuration: {self.problems[0]}")
+        else:
+            super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 def preset_names() -> list[str]:

@@ -109,7 +109,7 @@ class HFRollout:
         self.pad_token_id = pad_token_id
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
-        self._device_generators: dict[str, torch.Generator] = {}
+        self.device_generators: dict[str, torch.Generator] = {}
         self.engine = None
         if engine != "hf" and supports(model):
             self.engine = FastEngine(
@@ -222,6 +222,6 @@ class HFRollout:
         if device.type == "cpu":
             return self.generator
         key = str(device)
-        if key not in self._device_generators:
-            self._device_generators[key] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._device_generators[key]
+        if key not in self.device_generators:
+            self.device_generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self.device_generators[key]

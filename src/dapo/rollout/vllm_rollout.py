@@ -258,7 +258,7 @@ class VllmEngineBase:
         # the version of the policy's weights the engine holds (dapo.rollout.runner.weights_version);
         # None: no weights yet (load_format=dummy); the runner records it when it builds the engine
         self.synced_version: int | None = 0
-        self._device_generators: dict[str, torch.Generator] = {}  # none: vLLM seeds each request
+        self.device_generators: dict[str, torch.Generator] = {}  # none: vLLM seeds each request
 
     @torch.no_grad()
     def generate(

@@ -25,7 +25,7 @@ def trainer_state(t: Trainer) -> dict[str, Any]:
         "kl_coef": t.kl_ctrl.value if t.kl_ctrl is not None else None,
         "nonfinite_steps": t.actor.nonfinite_steps,
         "rollout_generator": t.rollout.engine.generator,
-        "rollout_device_generators": dict(t.rollout.engine._device_generators),
+        "rolloutdevice_generators": dict(t.rollout.engine.device_generators),
         "prefetched": t.prefetcher.state_dict(),
         # what a resume checks its config against, puts in the summary, and logs again when the
         # run was killed between this checkpoint and the step's metrics row
@@ -115,7 +115,7 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> dict[s
             t.kl_ctrl.value = float(st["kl_coef"])
         t.actor.nonfinite_steps = int(st["nonfinite_steps"])
         t.prefetcher.load_state_dict(st.get("prefetched"))
-        t.rollout.engine._device_generators.update(st.get("rollout_device_generators") or {})
+        t.rollout.engine.device_generators.update(st.get("rolloutdevice_generators") or {})
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a state that parses but does not fit: a damaged checkpoint

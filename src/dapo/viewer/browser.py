@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo.viewer.dumps import (
+from dapo.viewer.dump_reader import (
     DEFAULT_MASK,
     DumpDir,
     find_dumps,
