@@ -6,11 +6,14 @@ last group mean, the policy version of its last rollout (``seen``) and a Beta po
 solve rate over all its groups (:mod:`dapo.sampling.posterior`), decayed by the policy updates
 between groups.
 
-Two skip rules. ``streak``: a prompt is a skip candidate once ``streak >= min_streak``; a candidate
-is skipped with probability ``prob``. ``posterior``: a prompt with history whose posterior
-probability that its next group has no spread is at least a threshold is skipped, but for a rare
+Three skip rules. ``streak``: a prompt is a skip candidate once ``streak >= min_streak``; a
+candidate is skipped with probability ``prob``. ``posterior``: a prompt whose posterior holds at
+least a minimum weight of evidence and gives its next group no spread with probability at least
+a threshold is skipped (:func:`dapo.sampling.posterior.confident_no_spread`), but for a rare
 exploring rollout (so prompts the policy has since solved are skipped even when their last group
-had spread). Either way the revisit bound holds: a prompt last rolled out ``max_updates`` or more
+had spread, and a prompt whose evidence has faded is rolled out, whatever the prior predicts).
+``thompson``: one solve rate drawn from the posterior per prompt and policy version decides.
+Every rule keeps the revisit bound: a prompt last rolled out ``max_updates`` or more
 policy updates ago is rolled out on its next draw. The bound counts policy updates, not draws:
 skipped draws are cheap, so a run that skips most prompts passes over its data many times per
 update, and a bound in draws would force a rollout of every skipped prompt after a fixed number
@@ -22,7 +25,7 @@ re-checked together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import floor
+from math import floor, inf
 from typing import Any
 
 import numpy as np
@@ -55,10 +58,16 @@ def revisit_bound(index: int, max_updates: int) -> int:
 
 
 class PromptHistory:
-    def __init__(self, prior: tuple[float, float] = (1.0, 1.0), decay: float = 1.0) -> None:
+    """``max_weight``: the most evidence (responses' worth) a posterior keeps after a group
+    (:func:`dapo.sampling.posterior.capped`; ``inf``: no cap)."""
+
+    def __init__(
+        self, prior: tuple[float, float] = (1.0, 1.0), decay: float = 1.0, max_weight: float = inf
+    ) -> None:
         self.records: dict[int, PromptRecord] = {}
         self.prior = (float(prior[0]), float(prior[1]))
         self.decay = float(decay)
+        self.max_weight = float(max_weight)
         self.explored = False  # see should_skip_posterior
 
     def get(self, index: int) -> PromptRecord | None:
@@ -86,17 +95,25 @@ class PromptHistory:
         n: int,
         rng: np.random.Generator,
         explore: bool = True,
+        min_weight: float = 0.0,
     ) -> bool:
-        """Skip a prompt whose P(no spread) ``q`` is at least ``prob``, but for an exploring rollout
-        with probability ``(1 - max_prob) * (1 - q) / (1 - prob)`` (the more certain, the rarer);
+        """Skip a prompt whose posterior holds at least ``min_weight`` responses' worth of evidence
+        and gives P(no spread) ``q`` at least ``prob``
+        (:func:`~dapo.sampling.posterior.confident_no_spread`), but for an exploring rollout with
+        probability ``(1 - max_prob) * (1 - q) / (1 - prob)`` (the more certain, the rarer);
         ``explore=False``: no exploring rollout. Never a prompt without history, never one due
-        under the revisit bound (:meth:`due`). :attr:`explored` says whether the last call that
-        rolled a prompt out did so to explore."""
+        under the revisit bound (:meth:`due`), never one more than :meth:`horizon` updates past
+        its last rollout. :attr:`explored` says whether the last call that rolled a prompt out
+        did so to explore."""
         self.explored = False
         rec = self.records.get(int(index))
         if rec is None or self.due(index, version, max_updates):
             return False
-        q = self.zero_spread_prob(index, version, n)
+        a, b = self.posterior(index, version)
+        # posterior.confident_no_spread, with q kept for the exploring rollout
+        if posterior.weight(a, b, self.prior) < min_weight:
+            return False
+        q = posterior.zero_spread_prob(a, b, n)
         if q < prob:
             return False
         # draw for every candidate (even when exploring is off) so that the stream depends on the history alone
@@ -106,6 +123,30 @@ class PromptHistory:
         rec.skips += 1
         rec.total_skips += 1
         return True
+
+    def should_skip_thompson(
+        self, index: int, *, prob: float, max_updates: int, version: int, n: int, seed: int
+    ) -> bool:
+        """Thompson sampling: draw one solve rate ``p`` from the prompt's posterior as of
+        ``version`` and skip when ``p^n + (1-p)^n >= prob``. The draw is a function of ``(seed,
+        index, version)``, so every draw of the prompt within one policy version agrees (however
+        many passes over the data a step makes) and a resume replays it. Never a prompt without
+        history, never one due under the revisit bound."""
+        rec = self.records.get(int(index))
+        if rec is None or self.due(index, version, max_updates):
+            return False
+        a, b = self.posterior(index, version)
+        p = float(np.random.default_rng([int(seed), int(index), int(version)]).beta(a, b))
+        if posterior.point_zero_spread(p, n) < prob:
+            return False
+        rec.skips += 1
+        rec.total_skips += 1
+        return True
+
+    def horizon(self, min_weight: float) -> float:
+        """Updates after its last rollout past which the posterior rule never skips a prompt
+        (:func:`~dapo.sampling.posterior.skip_horizon` of the cap, ``min_weight`` and the decay)."""
+        return posterior.skip_horizon(self.max_weight, min_weight, self.decay)
 
     def due(self, index: int, version: int, max_updates: int) -> bool:
         """Whether the revisit bound forces the prompt's next draw to be rolled out: its last
@@ -155,7 +196,8 @@ class PromptHistory:
         rec.last_mean = float(mean)
         if correct is not None and n > 0:
             a, b = posterior.decayed(rec.alpha, rec.beta, version - rec.version, self.decay, self.prior)
-            rec.alpha, rec.beta = posterior.observe(a, b, float(correct), int(n))
+            a, b = posterior.observe(a, b, float(correct), int(n))
+            rec.alpha, rec.beta = posterior.capped(a, b, self.prior, self.max_weight)
             rec.version = int(version)
 
     def __len__(self) -> int:
@@ -179,11 +221,17 @@ class PromptHistory:
 
     @classmethod
     def from_state_dict(
-        cls, d: dict[str, Any], prior: tuple[float, float] = (1.0, 1.0), decay: float = 1.0
+        cls,
+        d: dict[str, Any],
+        prior: tuple[float, float] = (1.0, 1.0),
+        decay: float = 1.0,
+        max_weight: float = inf,
     ) -> PromptHistory:
         """Inverse of :meth:`state_dict`; records saved before the posterior existed start at the
-        prior, and before ``seen`` existed take their newest evidence's version as their last rollout."""
-        h = cls(prior, decay)
+        prior, and before ``seen`` existed take their newest evidence's version as their last rollout.
+        The cap applies on loading too (a no-op on
+        records saved under the same cap), so a record saved without it obeys :meth:`horizon`."""
+        h = cls(prior, decay, max_weight)
         for k, row in d.items():
             streak, skips, visits, total, mean = row[:5]
             alpha, beta, version = row[5:8] if len(row) >= 8 else (h.prior[0], h.prior[1], 0)
@@ -199,4 +247,6 @@ class PromptHistory:
                 int(version),
                 int(seen),
             )
+            rec = h.records[int(k)]
+            rec.alpha, rec.beta = posterior.capped(rec.alpha, rec.beta, h.prior, h.max_weight)
         return h
