@@ -30,7 +30,7 @@ CASES = {
 }
 
 PINNED = {
-    "default": ("0f69f1005dbc3dc8", "e429e2a6c08e1792"),
+    "default": ("26e1af60c1de6b9e", "e429e2a6c08e1792"),
     "verl": ("31e8f787263dbc8c", "8dd657cb191f6f2a"),
 }
 

@@ -47,6 +47,13 @@ def test_structured_config_round_trip_with_overrides():
         ({"skip": SkipConfig(revisit_epochs=-1)}, "algorithm.filter_groups.skip.revisit_epochs"),
         ({"skip": SkipConfig(max_explore=1.5)}, "algorithm.filter_groups.skip.max_explore"),
         ({"skip": SkipConfig(min_streak=0)}, "algorithm.filter_groups.skip.min_streak"),
+        ({"skip": SkipConfig(min_evidence=-0.5)}, "algorithm.filter_groups.skip.min_evidence"),
+        (
+            {"skip": SkipConfig(min_evidence=3.0, max_evidence=2.0)},
+            "algorithm.filter_groups.skip.min_evidence",
+        ),
+        ({"skip": SkipConfig(max_evidence=0)}, "algorithm.filter_groups.skip.max_evidence"),
+        ({"skip": SkipConfig(rule="ucb")}, "algorithm.filter_groups.skip.rule"),
     ],
 )
 def test_each_problem_names_the_full_key(change, key):

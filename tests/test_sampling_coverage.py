@@ -40,3 +40,91 @@ def test_coverage_metrics_hand_counted():
     m = coverage_metrics(rolled_out=7, trained_counts=[4, 1, 1], skipped_with_spread=0, pool_size=None)
     assert C + "never_rolled_out" not in m
     assert m[C + "top10_trained_share"] == pytest.approx(4 / 6)
+
+
+def _scripted_batcher():
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import FakeRollout, ListSource, prompt_rows, scripted
+
+    # spread always: 0, 4, 6; solved: 1, 5; hopeless: 2; 3 spreads once (3 of 4 right), then solved
+    table = {
+        0: [[0, 1, 0, 1]],
+        1: [[1, 1, 1, 1]],
+        2: [[0, 0, 0, 0]],
+        3: [[0, 1, 1, 1], [1, 1, 1, 1]],
+        4: [[1, 0, 0, 1]],
+        5: [[1, 1, 1, 1]],
+        6: [[0, 1, 0, 1]],
+    }
+    c = FilterGroupsConfig(
+        enable=True, adaptive_rounds=False, skip=SkipConfig(threshold=0.3, max_explore=0.0, decay=1.0)
+    )
+    b = DynamicBatcher(c, 2, 3, 4, 0)
+    return b, ListSource(prompt_rows(7), shuffle=False), FakeRollout(4, scripted(table))
+
+
+def test_batcher_coverage_hand_counted():
+    # P(no spread in 4) under Jeffreys: 2 of 4 right once, Beta(2.5, 2.5): 0.258 (rolled out);
+    # 3 of 4 once, Beta(3.5, 1.5): 0.370 (>= 0.3: skipped although its group had spread);
+    # 4 of 4 or 0 of 4 once: 0.722 (skipped)
+    b, src, gen = _scripted_batcher()
+    s1 = b.next_batch(src, gen)
+    # rounds 0,1,2 (only 0 kept) and 3,4,5 (3, 4 kept): trains 0 and 3, carries 4; 6 never drawn
+    assert s1.batch.non_tensors["index"].tolist()[::4] == [0, 3]
+    assert {k.removeprefix(C): v for k, v in s1.metrics.items() if k.startswith(C)} == {
+        "rolled_out_prompts": 6.0,
+        "trained_prompts": 2.0,
+        "skipped_with_spread": 0.0,
+        "top10_trained_share": 0.5,  # ceil(0.7) = 1 prompt of the 7 took 1 of the 2 groups
+        "never_rolled_out": 1.0,
+    }
+    s2 = b.next_batch(src, gen)
+    # one round: 6 (new) and 0 rolled out, 1 and 2 skipped (solved, hopeless), 3 skipped against
+    # its spread, 4 rolled out; the batch is the carried 4 and the fresh 6
+    assert s2.batch.non_tensors["index"].tolist()[::4] == [4, 6]
+    assert s2.metrics["dynamic_sampling/skipped_prompts"] == 3
+    assert {k.removeprefix(C): v for k, v in s2.metrics.items() if k.startswith(C)} == {
+        "rolled_out_prompts": 7.0,
+        "trained_prompts": 4.0,
+        "skipped_with_spread": 1.0,
+        "top10_trained_share": 0.25,  # 0, 3, 4 and 6 once each
+        "never_rolled_out": 0.0,
+    }
+    assert b.trained_counts == {0: 1, 3: 1, 4: 1, 6: 1}
+
+
+def test_coverage_state_resumes_exactly():
+    import json
+
+    from dapo.checkpoint import store as checkpoint
+    from dapo.config.sampling import FilterGroupsConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import FakeRollout, ListSource, bernoulli, prompt_rows
+
+    probs = [0.0, 1.0, 0.5, 0.9, 0.3, 0.97, 0.6, 0.05] * 4
+
+    def make():
+        b = DynamicBatcher(FilterGroupsConfig(enable=True), 3, 8, 4, 1)
+        return b, ListSource(prompt_rows(32), seed=2), FakeRollout(4, bernoulli(lambda r: probs[r["index"]]))
+
+    b, src, gen = make()
+    for _ in range(6):
+        b.next_batch(src, gen)
+    tensors: dict = {}
+    plain = checkpoint._extract(b.state_dict(), {}, tensors, "")
+    state = checkpoint._insert(json.loads(json.dumps(plain)), {}, tensors)
+    src_state, rng_state = src.state_dict(), gen.rng.bit_generator.state
+    ref = [b.next_batch(src, gen).metrics for _ in range(6)]
+    assert ref[-1][C + "skipped_with_spread"] >= 0 and ref[-1][C + "trained_prompts"] > 3
+
+    b2, src2, gen2 = make()
+    b2.load_state_dict(state)
+    src2.load_state_dict(src_state)
+    gen2.rng.bit_generator.state = rng_state
+    assert b2.trained_counts == {int(k): v for k, v in plain["trained_counts"].items()} != {}
+    assert [b2.next_batch(src2, gen2).metrics for _ in range(6)] == ref
+    # a checkpoint from before the coverage figures: the counts start again, nothing breaks
+    state.pop("trained_counts")
+    b2.load_state_dict(state)
+    assert b2.trained_counts == {}

@@ -128,19 +128,19 @@ EXERCISED = {
 }
 
 PINNED = {
-    "default_posterior": "7506a2ce2736fc5b",
-    "default_streak": "a09a48431bf2e6a9",
-    "default_no_carry": "295eee5faaf7c551",
-    "default_band_adaptive": "6d9bac26789b132e",
-    "default_exhausted_train": "d78a9a116156475e",
-    "default_exhausted_skip": "d7bdd5cce3f5fb7d",
-    "default_prefetch_lag": "dd1b2baa6739814a",
+    "default_posterior": "a0c5e9bfe3eeae14",
+    "default_streak": "b635debe435b83f6",
+    "default_no_carry": "48a674cb9460c763",
+    "default_band_adaptive": "8fd53bc24e1fe9d9",
+    "default_exhausted_train": "fbfdf998d0c67e79",
+    "default_exhausted_skip": "8ac176d89332815e",
+    "default_prefetch_lag": "e32ee644e08ed422",
     "verl": "3abea727b0abf10e",
     "verl_skip": "85f5aeae9518cbdf",
     "unfiltered": "61c33763502c5c8f",
-    "stream_posterior": "0dd932b347300b80",
-    "stream_streak_budget": "076c1dc5cec93e09",
-    "stream_fixed_rounds": "9a9e1381392664fe",
+    "stream_posterior": "5c54d3f90dffe87f",
+    "stream_streak_budget": "095d00de4845a8ee",
+    "stream_fixed_rounds": "071ab6bca4b33922",
     "errors": "6c0138550a8dc8a3",
 }
 

@@ -40,7 +40,7 @@ ON_EXHAUSTED = ("error", "train", "skip")
 FILTER_RULES = ("zero_spread", "band")
 BUILTIN_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SHAPED_METRICS = ("seq_reward", "seq_final_reward")
-SKIP_RULES = ("posterior", "streak")
+SKIP_RULES = ("posterior", "thompson", "streak")
 
 
 @dataclass
@@ -58,6 +58,16 @@ class SkipConfig:
     ``min_streak`` belong to the streak rule. ``recheck`` drops a
     carried group before training when its prompt's posterior, updated by newer groups, says
     the next group would have no spread with at least that probability (``1``: never).
+
+    Evidence (posterior and thompson rules): a posterior keeps at most ``max_evidence`` groups'
+    worth of evidence (beyond it the older evidence is scaled down as a new group comes in), and
+    the posterior rule skips a prompt only while its posterior holds at least ``min_evidence``
+    groups' worth after decay: evidence that has faded means "roll it out", whatever the prior
+    predicts. So no prompt is skipped more than ``floor(ln(max_evidence / min_evidence) / ln(1 /
+    decay))`` policy updates after its last rollout (``dapo.sampling.posterior.skip_horizon``).
+    ``min_evidence: 0`` is the rule without that condition. ``rule: thompson``: one solve rate per
+    prompt and policy version drawn from the posterior decides (skipped when a group at that rate
+    has no spread with probability at least ``threshold``); no exploring rollouts.
 
     ``rule: streak``: a prompt whose last ``min_streak`` groups were all filtered (no spread, or outside the band)
     is a skip candidate; a candidate is skipped with probability ``prob``, which moves by
@@ -105,6 +115,11 @@ class SkipConfig:
     revisit_epochs: float = 100.0
     # at most this fraction of a round's rolled-out prompts are exploring rollouts (posterior rule)
     max_explore: float = 0.015
+    # skip only a prompt whose posterior holds at least this many groups' worth of (decayed)
+    # evidence: faded evidence means "roll it out" (posterior rule)
+    min_evidence: float = 0.0
+    # a posterior keeps at most this many groups' worth of evidence (posterior and thompson rules)
+    max_evidence: float = 1e9
 
 
 @dataclass
@@ -261,6 +276,16 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
         bad("skip.revisit_epochs", f"must be a number >= 0 (0: never skip), got {s.revisit_epochs!r}")
     if not _is_num(s.max_explore) or not 0 <= s.max_explore <= 1:
         bad("skip.max_explore", f"must be in [0, 1] (0: no exploring rollouts), got {s.max_explore!r}")
+    if not _is_num(s.min_evidence) or s.min_evidence < 0:
+        bad("skip.min_evidence", f"must be a number >= 0 (groups' worth of evidence), got {s.min_evidence!r}")
+    if not _is_num(s.max_evidence) or s.max_evidence <= 0:
+        bad("skip.max_evidence", f"must be a number > 0 (groups' worth of evidence), got {s.max_evidence!r}")
+    elif _is_num(s.min_evidence) and s.min_evidence > s.max_evidence:
+        bad(
+            "skip.min_evidence",
+            f"must not exceed skip.max_evidence={s.max_evidence} (nothing could be skipped), "
+            f"got {s.min_evidence!r}",
+        )
 
     if cfg.filter_rule not in FILTER_RULES:
         bad("filter_rule", f"must be one of {', '.join(FILTER_RULES)}, got {cfg.filter_rule!r}")

@@ -13,7 +13,9 @@ generation and this training step; 0 unless the group was carried over). The sam
 This module is the front: it checks the config, runs one strategy per step
 (:mod:`dapo.sampling.strategies`), adds the step's metrics (:mod:`dapo.sampling.step_stats`) and
 saves and restores the state (the pool, :mod:`dapo.sampling.pool`; the prompt history and skip
-probability, :mod:`dapo.sampling.skip`).
+probability, :mod:`dapo.sampling.skip`; the trained groups per prompt behind the
+``dynamic_sampling/coverage/*`` figures, :mod:`dapo.sampling.coverage`, which strategies
+``default`` and ``stream`` log).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dapo.config.sampling import KEY, FilterGroupsConfig, validate
+from dapo.sampling.coverage import coverage_metrics
 from dapo.sampling.history import PromptHistory
 from dapo.sampling.pool import GroupPool
 from dapo.sampling.skip import PromptSource
@@ -103,6 +106,7 @@ class DynamicBatcher(Sampler):
         self.calls += 1
         cfg = self.cfg
         st = StepStats(gen_version=self.version - lag)
+        self.skip.spread_skips = set()
         if not cfg.enable:
             step = unfiltered.step(self, source, generate, st, on_round)
         elif cfg.strategy == "stream":
@@ -131,6 +135,15 @@ class DynamicBatcher(Sampler):
                 epoch=epoch,
             )
         )
+        if cfg.enable and cfg.strategy in ("default", "stream"):
+            step.metrics.update(
+                coverage_metrics(
+                    rolled_out=len(self.skip.history),
+                    trained_counts=self.trained_counts.values(),
+                    skipped_with_spread=len(self.skip.spread_skips),
+                    pool_size=len(source) if hasattr(source, "__len__") else None,
+                )
+            )
         step.group_records = st.groups
         if step.action == "train":
             self.version += 1
@@ -150,6 +163,7 @@ class DynamicBatcher(Sampler):
             "history": self.skip.history.state_dict(),
             "pool": self.pool.state_dict(),
             "warned": sorted(self._warned),
+            "trained_counts": {str(k): v for k, v in self.trained_counts.items()},
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -163,3 +177,5 @@ class DynamicBatcher(Sampler):
         self.skip.history = self.skip.new_history(d["history"])
         self.pool = GroupPool.from_state_dict(d["pool"])
         self._warned = set(d.get("warned", []))
+        # checkpoints from before the coverage figures: counting starts again at the resume
+        self.trained_counts = {int(k): int(v) for k, v in d.get("trained_counts", {}).items()}

@@ -29,6 +29,9 @@ class ListSource:
         self.taken = 0
         self._order = self._make_order()
 
+    def __len__(self) -> int:
+        return len(self.rows)
+
     def _make_order(self) -> list[int]:
         order = list(range(len(self.rows)))
         if self.shuffle:

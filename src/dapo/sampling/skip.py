@@ -25,13 +25,18 @@ class PromptSource(Protocol):
 
 
 class SkipPolicy:
-    def __init__(self, cfg: FilterGroupsConfig, train_batch_size: int, n: int, rng: np.random.Generator):
+    def __init__(
+        self, cfg: FilterGroupsConfig, train_batch_size: int, n: int, rng: np.random.Generator, seed: int = 0
+    ):
         self.cfg = cfg
+        self.seed = int(seed)  # the Thompson rule's draws are a function of (seed, prompt, version)
         self.train_batch_size = train_batch_size
         self.n = n
         self.rng = rng  # the batcher's generator: skipping draws from it in the batcher's order
         self.history = self.new_history()
         self.prob = float(cfg.skip.init_prob)  # the streak rule's controller
+        # prompts skipped this step whose last group had spread (the batcher clears it per step)
+        self.spread_skips: set[int] = set()
 
     @property
     def active(self) -> bool:
@@ -44,9 +49,10 @@ class SkipPolicy:
     def new_history(self, state: dict[str, Any] | None = None) -> PromptHistory:
         sc = self.cfg.skip
         prior = (float(sc.prior[0]), float(sc.prior[1]))
+        cap = float(sc.max_evidence) * self.n  # in responses
         if state is None:
-            return PromptHistory(prior, float(sc.decay))
-        return PromptHistory.from_state_dict(state, prior, float(sc.decay))
+            return PromptHistory(prior, float(sc.decay), cap)
+        return PromptHistory.from_state_dict(state, prior, float(sc.decay), cap)
 
     def draw(self, source: PromptSource, k: int, version: int) -> tuple[list[dict], int]:
         """k prompts to roll out at policy ``version`` and how many drawn ones were skipped.
@@ -76,6 +82,8 @@ class SkipPolicy:
                 if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0, version):
                     skipped += 1
                     passed[idx] = row
+                    if self.history.records[idx].streak == 0:  # its last group was kept
+                        self.spread_skips.add(idx)
                 else:
                     chosen.append(row)
                     passed = {}
@@ -94,6 +102,11 @@ class SkipPolicy:
                 n=self.n,
                 rng=self.rng,
                 explore=explore,
+                min_weight=float(sc.min_evidence) * self.n,
+            )
+        if sc.rule == "thompson":
+            return self.history.should_skip_thompson(
+                idx, prob=sc.threshold, max_updates=max_updates, version=version, n=self.n, seed=self.seed
             )
         return self.history.should_skip(
             idx,

@@ -76,7 +76,8 @@ class Sampler:
         self.calls = 0  # next_batch calls so far
         self.uid_counter = 0
         self.pool = GroupPool()
-        self.skip = SkipPolicy(cfg, self.train_batch_size, self.n, self.rng)
+        self.skip = SkipPolicy(cfg, self.train_batch_size, self.n, self.rng, self.seed)
+        self.trained_counts: dict[int, int] = {}  # trained groups per prompt (default and stream)
         self.kept_rate: float | None = None
         lo, hi = (float(x) for x in cfg.band)
         self.band_center = (lo + hi) / 2
@@ -189,6 +190,9 @@ class Sampler:
         )
         if batch is None:
             return SampledStep(None, "skip")
+        for idx in batch.non_tensors["index"].tolist()[:: self.n]:  # groups are n contiguous rows
+            if idx is not None:
+                self.trained_counts[int(idx)] = self.trained_counts.get(int(idx), 0) + 1
         return SampledStep(with_staleness(batch, self.version), "train")
 
     def report(self, on_round: OnRound, st: StepStats, kept_total: int, extra: dict | None = None) -> None:
