@@ -11,6 +11,8 @@ from dapo.sampling import posterior
 from dapo.sampling.history import PromptHistory, revisit_bound
 
 pos = st.floats(0.05, 50.0)
+# the hand values of the draw tests below: Jeffreys' prior, threshold 0.2, no minimum evidence
+JEFFREYS_02 = {"prior": [0.5, 0.5], "threshold": 0.2, "min_evidence": 0.0}
 
 
 def test_zero_spread_prob_hand_values():
@@ -132,7 +134,9 @@ def _draw_with_budget(max_explore: float) -> list[int]:
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
 
-    c = FilterGroupsConfig(enable=True, skip=SkipConfig(max_prob=0.0, init_prob=0.0, max_explore=max_explore))
+    c = FilterGroupsConfig(
+        enable=True, skip=SkipConfig(max_prob=0.0, init_prob=0.0, max_explore=max_explore, **JEFFREYS_02)
+    )
     b = DynamicBatcher(c, 1, 10, 8, 0)
     for i in range(100):
         b.history.record(i, filtered=i < 90, mean=1.0 if i < 90 else 0.5, correct=8 if i < 90 else 4, n=8)
@@ -241,7 +245,9 @@ def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
 
-    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 1, 8, 0)
+    b = DynamicBatcher(
+        FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0, **JEFFREYS_02)), 1, 1, 8, 0
+    )
     for i, k in ((0, 8), (0, 8), (1, 0), (2, 7)):
         b.history.record(i, filtered=k in (0, 8), mean=k / 8, correct=k, n=8)
     assert b.history.zero_spread_prob(2, 0, 8) == pytest.approx(0.34509, abs=1e-5)

@@ -63,6 +63,23 @@ def test_a_skipper_that_forgets_fails_on_the_simulator():
         assert f"default at step {old['stalled_at_step']}" in format_table(r)
 
 
+def test_the_skipper_keeps_covering_what_can_be_learned():
+    # the default rule on the run the old one fails: never stalled, at most half of verl mode's
+    # generated groups, at least 3x its qualified ratio, and it trains at least 0.85 of the
+    # prompts that were learnable after the warm-up (verl mode: ~1.0). On this small pool (256
+    # learnable prompts, ~10 trained groups each) prompts are solved fast, so the qualified ratio
+    # stays below the 4096-prompt run's (docs/sampling.md)
+    s = default_strategies()
+    r = run_all(steps=120, num_prompts=1024, strategies={"verl": s["verl"], "default": s["default"]})
+    verl, ours = r["strategies"]["verl"], r["strategies"]["default"]
+    assert ours["stalled_at_step"] is None and ours["steps"] == 120
+    assert ours["generated_groups_per_trained_group"] <= 0.5 * verl["generated_groups_per_trained_group"]
+    assert ours["qualified_ratio"] >= 3 * verl["qualified_ratio"]
+    assert ours["learnable_coverage"] >= max(0.85, 0.85 * verl["learnable_coverage"])
+    assert ours["trained_reward_variance"] >= verl["trained_reward_variance"] > 0
+    assert ours["coverage"]["never_rolled_out"] == 0 and ours["staleness_max"] <= 1
+
+
 def test_a_stalled_strategy_is_stopped_and_said_so():
     # every prompt solved from the start and skipping kept on: a pass limit of 2 stops it
     pop = Population(np.full(40, 30.0), np.zeros(40), np.zeros(40))

@@ -49,8 +49,9 @@ class SkipConfig:
 
     ``rule: posterior`` (the default): every prompt keeps a Beta posterior of its solve rate over
     all its groups (prior ``prior``; the evidence decays by ``decay`` per policy update, so old
-    groups count less as the policy moves). A prompt with history whose posterior probability
-    ``q`` that its next group has no spread is at least ``threshold`` is skipped, except for an
+    groups count less as the policy moves). A prompt whose posterior holds at least
+    ``min_evidence`` groups' worth of evidence and puts the probability ``q`` that its next group
+    has no spread at ``threshold`` or more is skipped, except for an
     exploring rollout with probability ``(1 - max_prob) * (1 - q) / (1 - threshold)``, at most
     ``max_explore`` of each round's rolled-out prompts (so exploration costs a fixed share of the
     generated groups however many prompts are drawn per update); so a prompt the policy has since
@@ -65,7 +66,9 @@ class SkipConfig:
     groups' worth after decay: evidence that has faded means "roll it out", whatever the prior
     predicts. So no prompt is skipped more than ``floor(ln(max_evidence / min_evidence) / ln(1 /
     decay))`` policy updates after its last rollout (``dapo.sampling.posterior.skip_horizon``).
-    ``min_evidence: 0`` is the rule without that condition. ``rule: thompson``: one solve rate per
+    ``min_evidence: 0`` is the rule without that condition. The defaults (uniform prior, decay
+    0.998, threshold 0.35, 0.5 to 3 groups' worth of evidence, a horizon of 894 updates, 346 after
+    a single group) come from ``dapo bench sampling`` (docs/sampling.md). ``rule: thompson``: one solve rate per
     prompt and policy version drawn from the posterior decides (skipped when a group at that rate
     has no spread with probability at least ``threshold``); no exploring rollouts.
 
@@ -76,7 +79,7 @@ class SkipConfig:
     ``1 - prob`` is divided by ``1 + streak - min_streak`` (prompts filtered many times in a row are
     rechecked less often).
 
-    Both rules keep the revisit bound: a prompt is rolled out at least once every
+    Every rule keeps the revisit bound: a prompt is rolled out at least once every
     ``ceil(revisit_epochs * P / train_batch_size)`` policy updates, ``P`` the number of distinct
     prompts rolled out so far (one epoch's worth of updates), so none starves and drifted prompts
     are found again. It counts updates, not draws (skipped draws are cheap, and a count of draws
@@ -90,16 +93,17 @@ class SkipConfig:
 
     # skip prompts whose recent groups were all filtered (strategy default only)
     enable: bool = True
-    # "posterior" (solve-rate posterior over all groups) or "streak" (consecutive filtered groups)
+    # "posterior" (solve-rate posterior over all groups), "thompson" (one draw from it per prompt
+    # and policy version) or "streak" (consecutive filtered groups)
     rule: str = "posterior"
-    # Beta prior [alpha, beta] of a prompt's solve rate (posterior rule)
-    prior: list[float] = field(default_factory=lambda: [0.5, 0.5])
+    # Beta prior [alpha, beta] of a prompt's solve rate (posterior and thompson rules)
+    prior: list[float] = field(default_factory=lambda: [1.0, 1.0])
     # per policy update, the factor on a prompt's evidence beyond the prior (1: no forgetting)
-    decay: float = 0.85
+    decay: float = 0.998
     # drop a carried group whose prompt's P(no spread) reached this before training (posterior rule)
     recheck: float = 0.9
-    # skip a prompt whose P(no spread) is at least this (posterior rule)
-    threshold: float = 0.2
+    # skip a prompt whose P(no spread) is at least this (posterior and thompson rules)
+    threshold: float = 0.35
     # target fraction of rolled-out groups that the filter drops; skip prob rises above it
     target: float = 0.1
     # consecutive filtered groups before a prompt becomes a skip candidate
@@ -117,9 +121,9 @@ class SkipConfig:
     max_explore: float = 0.015
     # skip only a prompt whose posterior holds at least this many groups' worth of (decayed)
     # evidence: faded evidence means "roll it out" (posterior rule)
-    min_evidence: float = 0.0
+    min_evidence: float = 0.5
     # a posterior keeps at most this many groups' worth of evidence (posterior and thompson rules)
-    max_evidence: float = 1e9
+    max_evidence: float = 3.0
 
 
 @dataclass
