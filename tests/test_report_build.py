@@ -84,3 +84,24 @@ def test_empty_dir_is_a_clear_error(tmp_path, capsys):
     )
     assert _cli(["report", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err == f"dapo: {tmp_path / 'nope'}: no such run directory\n"
+
+
+def test_coverage_rows_and_figure_read_the_batcher_figures(run_dir):
+    from dapo.viewer.report import _summary_rows, fig_coverage
+
+    run = load_run(run_dir)
+    metrics = metric_rows(run_dir)
+    last = [m for m in metrics if "dynamic_sampling/coverage/rolled_out_prompts" in m][-1]
+    c = {k.removeprefix("dynamic_sampling/coverage/"): v for k, v in last.items() if "/coverage/" in k}
+    rows = dict(_summary_rows(run))
+    pool = c["rolled_out_prompts"] + c["never_rolled_out"]
+    assert (
+        rows["prompts rolled out / trained"]
+        == f"{c['rolled_out_prompts']:.0f} / {c['trained_prompts']:.0f} of {pool:.0f}"
+    )
+    assert rows["trained groups to the most-trained 10% of the pool"] == f"{c['top10_trained_share']:.0%}"
+    against = sum(m.get("dynamic_sampling/coverage/skipped_with_spread", 0) for m in metrics)
+    assert rows["skips of a prompt whose last group had spread"] == f"{against:.0f}"
+    fig, why = fig_coverage(run)
+    assert fig is not None and why is None
+    assert fig_coverage(type(run)(run.run_dir, {}, {}, {}, {}))[1].startswith("no dynamic_sampling/coverage")

@@ -27,6 +27,7 @@ from dapo.errors import DapoError
 from dapo.outputs.records import FATES, VIEWER_FILE, read_groups, read_metrics
 
 DS = "dynamic_sampling/"
+COV = DS + "coverage/"  # dapo.sampling.coverage
 FATE_STYLE = {  # label, colour
     "kept": ("kept", "#2e7d32"),
     "filtered_all_correct": ("filtered: all correct", "#1565c0"),
@@ -262,6 +263,39 @@ def fig_qualified(run: RunData):
     return fig, None
 
 
+def fig_coverage(run: RunData):
+    steps = run.train_steps()
+    xs, rolled = run.series(COV + "rolled_out_prompts", steps)
+    if not len(xs):
+        return None, "no dynamic_sampling/coverage/* in metrics.jsonl (strategies default and stream log it)"
+    fig, ax = _figure(3.0)
+    ax.plot(xs, rolled, color="#1565c0", lw=1.5, label="prompts rolled out so far")
+    tx, trained = run.series(COV + "trained_prompts", steps)
+    ax.plot(tx, trained, color="#2e7d32", lw=1.5, label="prompts trained so far")
+    nx, never = run.series(COV + "never_rolled_out", steps)
+    if len(nx):
+        pool = float(never[-1] + rolled[-1]) if len(nx) == len(xs) else None
+        if pool:
+            ax.axhline(pool, color="black", lw=1, ls=":", label=f"pool ({pool:.0f} prompts)")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("distinct prompts")
+    handles, labels = ax.get_legend_handles_labels()
+    sx, share = run.series(COV + "top10_trained_share", steps)
+    if len(sx):
+        ax2 = ax.twinx()
+        (line,) = ax2.plot(sx, share, color="#6a1b9a", lw=1.2, ls="--")
+        ax2.set_ylim(0, 1.02)
+        ax2.set_ylabel("share of trained groups", color="#6a1b9a")
+        handles.append(line)
+        labels.append("to the most-trained 10% of the pool (right axis)")
+    ax.set_title("Coverage: how much of the pool is rolled out and trained", fontsize=10)
+    ax.legend(
+        handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.22), frameon=False, ncols=2
+    )
+    _step_axis(ax, steps)
+    return fig, None
+
+
 def fig_response_length(run: RunData):
     steps = run.train_steps()
     R = run.max_response_length()
@@ -438,6 +472,14 @@ FIGURES = (
         "dynamic_sampling/qualified_ratio: kept groups / generated groups in the step.",
         fig_qualified,
     ),
+    FigureSpec(
+        "coverage",
+        "Coverage",
+        "dynamic_sampling/coverage/*: distinct prompts rolled out and trained so far, and the share of all "
+        "trained groups that went to the most-trained tenth of the pool (about 0.1 when training is spread "
+        "over the whole pool). A skipper that stops visiting its data shows as flat lines far below the pool.",
+        fig_coverage,
+    ),
     FigureSpec("validation", "Validation accuracy", "val-core/<data source>/acc/mean@N.", fig_validation),
     FigureSpec(
         "response_length",
@@ -478,6 +520,7 @@ def _summary_rows(run: RunData) -> list[tuple[str, str]]:
                 rows.append((FATE_STYLE[f][0], f"{c:.0f} ({100 * c / gen:.1f}%)"))
         if counts["skipped"].sum():
             rows.append(("prompts skipped before rollout", f"{counts['skipped'].sum():.0f}"))
+    rows += _coverage_rows(run, steps)
     _, rounds = run.series("train/num_gen_batches", steps)
     if len(rounds):
         rows.append(("rounds per step", f"mean {rounds.mean():.2f}, max {rounds.max():.0f}"))
@@ -493,6 +536,27 @@ def _summary_rows(run: RunData) -> list[tuple[str, str]]:
         L = run.overlong_buffer_len()
         rows.append(("max_response_length / overlong buffer", f"{R} / {L}"))
     return rows
+
+
+def _coverage_rows(run: RunData, steps: list[int]) -> list[tuple[str, str]]:
+    last = next(
+        (run.metrics[s] for s in reversed(steps) if COV + "rolled_out_prompts" in run.metrics.get(s, {})),
+        None,
+    )
+    if last is None:
+        return []
+    rolled, trained = float(last[COV + "rolled_out_prompts"]), float(last[COV + "trained_prompts"])
+    never = last.get(COV + "never_rolled_out")
+    pool = f" of {rolled + float(never):.0f}" if isinstance(never, int | float) else ""
+    _, against = run.series(COV + "skipped_with_spread", steps)
+    return [
+        ("prompts rolled out / trained", f"{rolled:.0f} / {trained:.0f}{pool}"),
+        (
+            "trained groups to the most-trained 10% of the pool",
+            f"{float(last[COV + 'top10_trained_share']):.0%}",
+        ),
+        ("skips of a prompt whose last group had spread", f"{against.sum():.0f}"),
+    ]
 
 
 CSS = """
