@@ -19,7 +19,8 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
     rc = shot.main(["--out", str(png), "--html", str(tmp_path / "report.html")])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "'images': 8" in out and "'broken': []" in out and "'errors': []" in out
+    # nine figures (the coverage figure among them), all decoded, no script error
+    assert "'images': 9" in out and "'broken': []" in out and "'errors': []" in out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a real page, not a blank one
 
