@@ -51,13 +51,15 @@ def test_learnable_coverage_is_counted_against_the_truth():
 
 def test_a_skipper_that_forgets_fails_on_the_simulator():
     # the old skip rule: a prompt not rolled out for ~20 updates is predicted hopeless by the prior
-    # alone, so once its first learnable prompts are solved it walks the pool over and over for
-    # the few it still rolls out, and trains on a small part of what could be learned
+    # alone, so once its first learnable prompts are solved it skips whole passes over the pool
+    # and fills its rounds with the few it still rates likely to spread (0.72 of the learnable
+    # prompts trained here, where the default rule trains over 0.85 and verl mode all); before
+    # rounds were filled from a skipped pass, it stalled instead
     s = default_strategies(OLD_RULE)
     r = run_all(steps=120, num_prompts=1024, strategies={"verl": s["verl"], "default": s["default"]})
     verl, old = r["strategies"]["verl"], r["strategies"]["default"]
     assert verl["stalled_at_step"] is None and verl["learnable_coverage"] >= 0.95
-    assert old["stalled_at_step"] is not None or old["learnable_coverage"] < 0.5
+    assert old["stalled_at_step"] is not None or old["learnable_coverage"] < 0.8
     assert old["coverage"]["skipped_with_spread"] > 100  # skips against the prompt's own evidence
     if old["stalled_at_step"] is not None:
         assert f"default at step {old['stalled_at_step']}" in format_table(r)

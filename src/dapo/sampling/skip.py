@@ -55,9 +55,13 @@ class SkipPolicy:
         return PromptHistory.from_state_dict(state, prior, float(sc.decay), cap)
 
     def draw(self, source: PromptSource, k: int, version: int) -> tuple[list[dict], int]:
-        """k prompts to roll out at policy ``version`` and how many drawn ones were skipped.
+        """k prompts to roll out at policy ``version`` and how many drawn rows were not rolled
+        out (every row taken from ``source`` is one of the two).
+
         Terminates: a prompt drawn again with nothing rolled out since its previous draw in this
-        call (a whole pass skipped) makes the skipped prompt likeliest to spread a rollout."""
+        call means a whole pass was skipped under this version, and the round is then filled
+        from that pass's prompts likeliest to spread (each such pass adds ``min(k, pool)``). Filling one prompt per pass instead would cost a pass over
+        the pool per prompt once the rule skips nearly all of it (a stall on large pools)."""
         sc = self.cfg.skip
         # prob is the streak rule's controller; the posterior rule decides per prompt, and a
         # well-predicted run (filtered fraction below skip.target) must not switch it off
@@ -72,11 +76,16 @@ class SkipPolicy:
         passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
+                if len(chosen) == k:  # filled below: the rest of this batch was judged in the pass
+                    skipped += 1
+                    continue
                 idx = None if row.get("index") is None else int(row["index"])
-                if idx in passed:  # the same version judged it: it is skipped again
-                    best = min(passed, key=lambda i: self.history.zero_spread_prob(i, version, self.n))
-                    chosen.append(passed.pop(best) if best != idx else row)
-                    passed = {} if best == idx else {idx: row}
+                if idx in passed:  # a whole pass skipped under this version: fill the round
+                    filled = self._fill(passed, k - len(chosen), version)
+                    chosen += [passed[i] for i in filled]
+                    skipped += 1 - len(filled)  # this row is not rolled out; the filled ones are
+                    self.spread_skips.difference_update(filled)
+                    passed = {}
                     continue
                 self.history.explored = False
                 if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0, version):
@@ -89,6 +98,12 @@ class SkipPolicy:
                     passed = {}
                     budget -= self.history.explored
         return chosen, skipped
+
+    def _fill(self, passed: dict[int, dict], need: int, version: int) -> list[int]:
+        """The ``need`` skipped prompts likeliest to spread (ties: in the order they were drawn)."""
+        order = {i: pos for pos, i in enumerate(passed)}
+        ranked = sorted(passed, key=lambda i: (self.history.zero_spread_prob(i, version, self.n), order[i]))
+        return ranked[:need]
 
     def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool, version: int) -> bool:
         sc = self.cfg.skip
