@@ -96,14 +96,14 @@ def run_pass(seed: int, out: Path, task: str, extra: Sequence[str]) -> dict[str,
     ``pass.json``'s contents and writes ``filtered.parquet``."""
     import torch
 
-    from dapo.config.load import load_config
     from dapo.data.parquet import read_rows, write_rows
     from dapo.sampling.prefetch import GenContext
     from dapo.tasks import builtin_task
+    from dapo.run_config import build_run_config
     from dapo.trainer.loop import Trainer
 
     train_parquet = str(builtin_task(task)[0])
-    cfg = load_config(pass_overrides(seed, out, task, train_parquet, extra), preset=PRESET)
+    cfg = build_run_config(pass_overrides(seed, out, task, train_parquet, extra), preset=PRESET).cfg
     trainer = Trainer(cfg, printer=lambda line: None)
     t0, c0 = time.perf_counter(), time.process_time()
     batch = trainer.rollout.generate_validation(
