@@ -151,7 +151,7 @@ def test_server_placement_sigkill_resume_matches_colocated(
             proc.wait()
     assert _wait_gone(pgid), "the vLLM server outlived the SIGKILLed trainer by 300 s"
     # the guard also removed the server's weights directory in /dev/shm
-    shm = re.search(r"weights in (\S+)", log.read_text())
+    shm = re.search(r"weights in ([^\s,]+)", log.read_text())
     assert shm and not os.path.exists(shm.group(1))
 
     resumed = tmp_path / "resumed"
@@ -172,3 +172,30 @@ def test_unsupported_head_size_is_one_line(tmp_path, tiny_random_model_dir, mod3
     assert main(_args(tmp_path / "run", tiny_random_model_dir, mod3_task)) == 2
     err = capsys.readouterr().err
     assert "dapo: " in err and "head size is 16" in err and "rollout.name=hf" in err
+
+
+# a line of vLLM's own logging: "(MainProcess pid=1) INFO 12-02 07:41:15 [file.py:286] ..."
+VLLM_LOG_LINE = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+def test_vllm_logging_is_quiet_by_default(tmp_path, tiny_hd32_model_dir, mod3_task, monkeypatch):
+    """A normal colocated run prints dapo's lines only: none of vLLM's ~50 start-up and per-sync
+    log lines, and no traceback (vLLM logs one for its chat-template warmup, which dapo does not
+    use); VLLM_LOGGING_LEVEL turns vLLM's logging back on."""
+    from dapo.rollout.vllm_rollout import VllmSettings, engine_env
+
+    args = _args(tmp_path / "run", tiny_hd32_model_dir, mod3_task, "trainer.total_training_steps=2")
+    env = {k: v for k, v in subprocess_env().items() if k != "VLLM_LOGGING_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dapo.cli", *args], env=env, capture_output=True, text=True, timeout=1200
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "step 2 |" in out  # two steps ran, so a weight sync happened
+    assert not VLLM_LOG_LINE.search(out), VLLM_LOG_LINE.search(out).group(0)
+    assert "Traceback" not in out and "Loading safetensors checkpoint shards" not in out
+    settings = VllmSettings.for_model("float32", 512)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    assert engine_env(settings)["VLLM_LOGGING_LEVEL"] == "ERROR"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    assert engine_env(settings)["VLLM_LOGGING_LEVEL"] == "INFO"

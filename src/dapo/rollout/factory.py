@@ -48,7 +48,8 @@ def build_rollout(
             startup_timeout_s=r.server_startup_timeout_s,
         )
         log(
-            f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}, weights in {engine.weights_dir}"
+            f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}, weights in "
+            f"{engine.weights_dir}, log in {engine.log_path}"
         )
     else:
         from dapo.rollout.vllm_rollout import VllmRollout

@@ -22,8 +22,10 @@ replaces ``torch.set_num_threads`` with a no-op and seeds ``random``, ``numpy`` 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -164,9 +166,36 @@ def preserved_process_state() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
+def vllm_log_level() -> str:
+    """vLLM's log level: the user's ``VLLM_LOGGING_LEVEL``, else ``ERROR``."""
+    return os.environ.get("VLLM_LOGGING_LEVEL") or "ERROR"
+
+
+@contextmanager
+def quiet_import() -> Iterator[None]:
+    """Importing vLLM without its import-time noise (deprecation warnings from its own modules,
+    torch's "Triton not available" on CPU) unless the user asked for vLLM's logging."""
+    if vllm_log_level() != "ERROR":
+        yield
+        return
+    triton_log = logging.getLogger("torch._library.triton")
+    level = triton_log.level
+    triton_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        triton_log.setLevel(level)
+
+
 def engine_env(settings: VllmSettings) -> dict[str, str]:
     """Environment for a vLLM engine on this machine (set before vLLM is imported)."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # vLLM logs ~50 lines per engine start and two per weight sync, a harmless chat-template
+    # warmup traceback among them (dapo renders prompts itself): errors only, unless the user
+    # asks for its logging with VLLM_LOGGING_LEVEL
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": vllm_log_level()}
     if settings.device != "cuda":
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.cpu_kvcache_space_gb:g}"
         # the trainer pins its own threads; vLLM would bind one OpenMP thread per core
@@ -322,10 +351,15 @@ class VllmRollout(VllmEngineBase):
         super().__init__(eos_token_ids, pad_token_id, settings, seed)
         for k, v in engine_env(settings).items():
             os.environ[k] = v
-        with preserved_process_state():
+        with preserved_process_state(), quiet_import():
             from vllm import LLM
 
-            self.llm = LLM(model=str(model_path), seed=self.seed, **settings.engine_kwargs())
+            self.llm = LLM(
+                model=str(model_path),
+                seed=self.seed,
+                use_tqdm_on_load=vllm_log_level() != "ERROR",
+                **settings.engine_kwargs(),
+            )
         self._asleep = False
         self._held = 0  # open awake() blocks: no sleep until the last one ends
 

@@ -193,6 +193,11 @@ class VllmServerRollout(VllmEngineBase):
         return str(self._shm)
 
     @property
+    def log_path(self) -> str:
+        """The server's stdout and stderr (vLLM's logging at ``VLLM_LOGGING_LEVEL``)."""
+        return self._log.name
+
+    @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
