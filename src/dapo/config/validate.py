@@ -285,7 +285,7 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
     if o.lr_warmup_steps > 0:
         out.append(
             f"actor_rollout_ref.actor.optim.lr_warmup_steps={o.lr_warmup_steps}: the learning rate rises "
-            f"linearly from 0, so step 1 makes no update (lr 0) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
+            f"linearly from 0, so step 1's policy update runs at lr 0 (the weights do not move) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
             "(verl's warmup); set lr_warmup_steps=0 to start at the full rate"
         )
     out.extend(
