@@ -232,7 +232,10 @@ def test_filtering_off_says_it_trains_on_the_generation_batch():
 def test_warmup_says_the_first_step_has_lr_zero(capsys):
     assert main(["validate"]) == 0
     err = capsys.readouterr().err
-    assert "actor_rollout_ref.actor.optim.lr_warmup_steps=2" in err and "step 1's policy update runs at lr 0 (the weights do not move)" in err
+    assert (
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=2" in err
+        and "step 1's policy update runs at lr 0 (the weights do not move)" in err
+    )
     ratio = _warnings(f"{A}.optim.lr_warmup_steps=-1", f"{A}.optim.lr_warmup_steps_ratio=0.1")
     assert [w for w in ratio if "lr_warmup_steps=4:" in w]  # int(0.1 x 40 steps), resolved first
 
