@@ -34,7 +34,10 @@ dumps). Each record also holds the run's CPU seconds and the share of a core it 
 wall-clock figures grow with the machine's load; its CPU seconds do not).
 
     .venv/bin/python benchmarks/coverage_real_loop.py --seeds 1 2 3 --steps 100 --out DIR \\
-        [--task reasoning_wide|reasoning] [key=value ...]
+        [--records DIR] [--task reasoning_wide|reasoning] [key=value ...]
+
+The finished runs of this project's proof are kept in ``docs/results/coverage_real_loop/``
+(``--records``), so that a later session continues with the runs still missing.
 """
 
 from __future__ import annotations
@@ -85,24 +88,26 @@ def spec(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
         "save_freq": args.save_freq,
         "margin": args.margin if arm == "verl_tuned" else None,
         "overrides": list(args.overrides),
+        # the warm start every arm begins from: a session that rebuilds it differently runs again
+        "start_model": args.start_model,
     }
 
 
-def result_path(out: Path, arm: str, seed: int) -> Path:
-    return out / RESULTS / f"{arm}-seed{seed}.json"
+def result_path(records: Path, arm: str, seed: int) -> Path:
+    return records / f"{arm}-seed{seed}.json"
 
 
-def finished_record(out: Path, run_spec: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The record of this spec's run when it finished in ``out`` before, else None."""
-    path = result_path(out, run_spec["arm"], run_spec["seed"])
+def finished_record(records: Path, run_spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The record of this spec's run when it finished before (in ``records``), else None."""
+    path = result_path(records, run_spec["arm"], run_spec["seed"])
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
     return record if record.get("spec") == dict(run_spec) else None
 
 
-def write_record(out: Path, record: Mapping[str, Any]) -> Path:
-    path = result_path(out, record["arm"], record["seed"])
+def write_record(records: Path, record: Mapping[str, Any]) -> Path:
+    path = result_path(records, record["arm"], record["seed"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(record, indent=1))
@@ -139,6 +144,19 @@ def check_arms(args: argparse.Namespace) -> None:
         problems += validate(cfg)
         if problems:
             sys.exit(f"arm {arm}: its configuration does not validate: " + "; ".join(problems))
+
+
+def start_model_digest(args: argparse.Namespace) -> str:
+    """sha256 (16 hex digits) of the warm-started model's weights, built here if absent."""
+    import hashlib
+
+    from dapo.tasks import builtin_model
+
+    model_dir = builtin_model(args.task, log=lambda line: print(line, file=sys.stderr, flush=True))
+    digest = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def preset_value(args: argparse.Namespace, key: str) -> Any:
@@ -212,7 +230,7 @@ def run_arm(
 ) -> dict[str, Any]:
     """One run's record: read when finished before, else (continued or) run and recorded."""
     run_spec = spec(args, arm, seed)
-    done = finished_record(args.out, run_spec)
+    done = finished_record(args.records, run_spec)
     if done is not None:
         return done
     offline = passes.get(seed) if arm in OFFLINE_ARMS else None
@@ -233,7 +251,7 @@ def run_arm(
         run_dir, arm, seed, task["val_tiers"], task["train_tiers"], offline=cost, window=args.test_freq
     )
     record["spec"] = run_spec
-    write_record(args.out, record)
+    write_record(args.records, record)
     return record
 
 
@@ -287,13 +305,21 @@ def main() -> int:
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one torch thread each)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--records",
+        type=Path,
+        help="where finished runs' records are read and written (default OUT/results): keep them "
+        "somewhere lasting to continue the runs on another machine or in a later session",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     if args.steps % args.test_freq:
         ap.error("--steps must be a multiple of --test-freq (the last validation closes the curve)")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.records = (args.records or args.out / RESULTS).resolve()
     check_arms(args)
+    args.start_model = start_model_digest(args)
     from dapo.tasks import builtin_task
 
     train_parquet, test_parquet = builtin_task(args.task)

@@ -230,6 +230,7 @@ def _args(tmp_path, **kw):
     base = dict(
         seeds=[1], steps=20, test_freq=10, val_samples=-1, save_freq=10, margin=1.25,
         task="reasoning_wide", arms=list(bench.ARMS), parallel=2, out=tmp_path, overrides=[],
+        records=tmp_path / "results", start_model="0123456789abcdef",
     )  # fmt: skip
     base.update(kw)
     return argparse.Namespace(**base)
@@ -238,17 +239,22 @@ def _args(tmp_path, **kw):
 def test_a_finished_run_is_read_not_run_again(tmp_path):
     args = _args(tmp_path)
     record = {"arm": "verl_tuned", "seed": 1, "final_acc": 0.61, "spec": bench.spec(args, "verl_tuned", 1)}
-    bench.write_record(tmp_path, record)
+    bench.write_record(args.records, record)
     passes = bench.OfflinePasses(args)
     # read back whole: no offline pass, no run directory, no log
     assert bench.run_arm(args, "verl_tuned", 1, passes, task={}) == record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
-    # another spec (more steps, another margin, other overrides) is not this run's record
-    assert bench.finished_record(tmp_path, bench.spec(args, "verl_tuned", 1)) == record
-    for changed in (dict(steps=30), dict(margin=1.5), dict(overrides=["actor_rollout_ref.rollout.n=4"])):
+    assert bench.finished_record(args.records, bench.spec(args, "verl_tuned", 1)) == record
+    # another spec (more steps, another margin, other overrides, another warm start) is not its record
+    for changed in (
+        dict(steps=30),
+        dict(margin=1.5),
+        dict(overrides=["actor_rollout_ref.rollout.n=4"]),
+        dict(start_model="fedcba9876543210"),
+    ):
         other = bench.spec(_args(tmp_path, **changed), "verl_tuned", 1)
-        assert bench.finished_record(tmp_path, other) is None, changed
-    assert bench.finished_record(tmp_path, bench.spec(args, "verl_tuned", 2)) is None
+        assert bench.finished_record(args.records, other) is None, changed
+    assert bench.finished_record(args.records, bench.spec(args, "verl_tuned", 2)) is None
     # the margin is verl_tuned's alone: another arm's record stands whatever the margin
     assert bench.spec(args, "ours", 1) == bench.spec(_args(tmp_path, margin=1.5), "ours", 1)
 
