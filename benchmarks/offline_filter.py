@@ -97,9 +97,9 @@ def run_pass(seed: int, out: Path, task: str, extra: Sequence[str]) -> dict[str,
     import torch
 
     from dapo.data.parquet import read_rows, write_rows
+    from dapo.run_config import build_run_config
     from dapo.sampling.prefetch import GenContext
     from dapo.tasks import builtin_task
-    from dapo.run_config import build_run_config
     from dapo.trainer.loop import Trainer
 
     train_parquet = str(builtin_task(task)[0])
