@@ -26,6 +26,7 @@ from dapo.actor.optim import sft_optimizer, sft_step
 from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
 from dapo.tasks.arithmetic import TIER_WEIGHTS, Problem, split_problems
+from dapo.tasks.build_progress import BuildProgress
 from dapo.tasks.cache import ensure_model
 
 TINY_NAME = "tiny-arith"
@@ -133,14 +134,14 @@ def build_tiny_model(
     opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=50)
     model.train()
     t0 = time.time()
+    progress = BuildProgress("warm start", steps, log)
     for step in range(steps):
         probs = [rng.choice(by_tier[t]) for t in rng.choices(tiers, weights, k=SFT_BATCH)]
         # the algorithm is learnt from clean targets first; the noisy tail spreads the answers
         ids, labels, attn = _sft_batch(tok, probs, rng, clean=step < CLEAN_FRACTION * steps)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         sft_step(model, loss, opt, sched)
-        if (step + 1) % 100 == 0:
-            log(f"  warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        progress.step(step + 1, loss.item)
         if on_checkpoint is not None and (step + 1) % 200 == 0:
             on_checkpoint(step + 1, model, tok)
     model.save_pretrained(out_dir, safe_serialization=True)

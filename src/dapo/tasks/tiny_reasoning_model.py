@@ -36,6 +36,7 @@ from transformers import Qwen2ForCausalLM
 from dapo.actor.optim import sft_optimizer, sft_step
 from dapo.model.tiny import tiny_config
 from dapo.model.tokenizer import build_char_tokenizer
+from dapo.tasks.build_progress import BuildProgress
 from dapo.tasks.cache import ensure_model
 from dapo.tasks.reasoning import (
     SEED,
@@ -157,14 +158,14 @@ def build_reasoning_model(
     opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=20)
     model.train()
     t0 = time.time()
+    progress = BuildProgress("warm start", steps, log)
     for step in range(steps):
         clean = step < CLEAN_FRACTION * steps
         batch = rng.sample(chains, SFT_BATCH)
         ids, labels, attn = sft_tensors(tok, [(c.question, warm_start_target(c, rng, clean)) for c in batch])
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         sft_step(model, loss, opt, sched)
-        if (step + 1) % 50 == 0:
-            log(f"  warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        progress.step(step + 1, loss.item)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     return {"seed": seed, "steps": steps, "batch": SFT_BATCH, "seconds": round(time.time() - t0, 1)}

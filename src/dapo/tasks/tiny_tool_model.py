@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from dapo.tasks.build_progress import BuildProgress
 from dapo.tools.calculator import CalculatorTool
 from dapo.tools.parser import format_hermes_call
 from dapo.tools.template import TOOL_CHAT_TEMPLATE, build_tool_tokenizer
@@ -217,6 +218,7 @@ def build_tiny_tool_model(
     opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=30)
     model.train()
     t0 = time.time()
+    progress = BuildProgress("tool warm start", steps, log)
     for step in range(steps):
         # examples of similar length share a batch (calls are ~2.5x longer), so little is padding
         clean = step < CLEAN_FRACTION * steps
@@ -229,8 +231,7 @@ def build_tiny_tool_model(
             drills = [short_copy_drill(render, rng) for _ in range(SHORT_DRILLS)]
             loss = loss + _weighted_nll(model, drills, tok.pad_token_id)
         sft_step(model, loss, opt, sched)
-        if (step + 1) % 50 == 0:
-            log(f"  tool warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        progress.step(step + 1, loss.item)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     return {
