@@ -256,6 +256,34 @@ def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
     assert [r["index"] for r in chosen] == [2] and skipped == 3 and src.taken == 4
 
 
+def test_later_draws_of_a_step_fill_from_a_skipped_pass_without_walking_the_pool():
+    # ten solved prompts, prompt i seen i+1 times at 8/8 (the fewer groups, the likelier to
+    # spread): the first draw of 2 takes rows two at a time, walks the whole pass (10 skipped),
+    # meets prompt 0 again in the sixth pair and fills with the two likeliest (0, 1); that pair's
+    # second row is not rolled out either (12 taken = 2 rolled out + 10); the next draws of the same step and version take
+    # 2, 3 and then 4, 5 from what is left of that pass without taking a row; a new step walks again
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 2, 8, 0)
+    for i in range(10):
+        for _ in range(i + 1):
+            b.history.record(i, filtered=True, mean=1.0, correct=8, n=8)
+    q = [b.history.zero_spread_prob(i, 0, 8) for i in range(10)]
+    assert q == sorted(q) and q[0] >= 0.35  # every prompt a skip candidate, 0 the likeliest to spread
+    src = ListSource(prompt_rows(10), shuffle=False)
+    b.skip.new_step()
+    chosen, skipped = b.skip.draw(src, 2, b.version)
+    assert [r["index"] for r in chosen] == [0, 1] and src.taken == 12 and skipped == 10
+    for want in ([2, 3], [4, 5]):
+        chosen, skipped = b.skip.draw(src, 2, b.version)
+        assert [r["index"] for r in chosen] == want and src.taken == 12 and skipped == 0
+    b.skip.new_step()
+    chosen, skipped = b.skip.draw(src, 2, b.version)
+    assert [r["index"] for r in chosen] == [0, 1] and src.taken == 24
+
+
 def test_a_carried_group_dropped_by_the_recheck_is_replaced_in_the_same_step():
     from dapo.config.sampling import FilterGroupsConfig, SkipConfig
     from dapo.sampling import DynamicBatcher

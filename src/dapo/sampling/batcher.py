@@ -106,7 +106,7 @@ class DynamicBatcher(Sampler):
         self.calls += 1
         cfg = self.cfg
         st = StepStats(gen_version=self.version - lag)
-        self.skip.spread_skips = set()
+        self.skip.new_step()
         if not cfg.enable:
             step = unfiltered.step(self, source, generate, st, on_round)
         elif cfg.strategy == "stream":

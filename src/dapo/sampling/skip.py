@@ -37,6 +37,14 @@ class SkipPolicy:
         self.prob = float(cfg.skip.init_prob)  # the streak rule's controller
         # prompts skipped this step whose last group had spread (the batcher clears it per step)
         self.spread_skips: set[int] = set()
+        # the rest of a pass this step skipped whole, at the version that judged it: later draws at
+        # that version fill from it instead of walking the pool again (the batcher clears it per step)
+        self.skipped_pass: tuple[int, dict[int, dict]] | None = None
+
+    def new_step(self) -> None:
+        """Forget the per-step state (the batcher calls it before each step's first draw)."""
+        self.spread_skips = set()
+        self.skipped_pass = None
 
     @property
     def active(self) -> bool:
@@ -59,9 +67,14 @@ class SkipPolicy:
         out (every row taken from ``source`` is one of the two).
 
         Terminates: a prompt drawn again with nothing rolled out since its previous draw in this
-        call means a whole pass was skipped under this version, and the round is then filled
-        from that pass's prompts likeliest to spread (each such pass adds ``min(k, pool)``). Filling one prompt per pass instead would cost a pass over
-        the pool per prompt once the rule skips nearly all of it (a stall on large pools)."""
+        call rolls out the skipped prompt likeliest to spread. When every prompt with a history
+        was skipped since (a whole pass was skipped under this version), the round is instead
+        filled from that pass's prompts likeliest to spread (each such pass adds ``min(k, pool)``):
+        filling one prompt per pass would cost a pass over the pool per prompt once the rule
+        skips nearly all of it (a stall on large pools). What is left of that pass fills the
+        later draws of the step at the same version first, without walking the pool again: a
+        strategy that draws a few prompts at a time (``stream``) would otherwise walk a pass per
+        draw. Rows filled from an earlier call's pass were counted as skipped by that call."""
         sc = self.cfg.skip
         # prob is the streak rule's controller; the posterior rule decides per prompt, and a
         # well-predicted run (filtered fraction below skip.target) must not switch it off
@@ -73,6 +86,11 @@ class SkipPolicy:
         budget = math.floor(sc.max_explore * k + self.rng.random()) if sc.rule == "posterior" else 0
         chosen: list[dict] = []
         skipped = 0
+        if self.skipped_pass is not None and self.skipped_pass[0] == version and self.skipped_pass[1]:
+            rest = self.skipped_pass[1]
+            filled = self._fill(rest, k, version)
+            chosen += [rest.pop(i) for i in filled]
+            self.spread_skips.difference_update(filled)
         passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
@@ -80,11 +98,20 @@ class SkipPolicy:
                     skipped += 1
                     continue
                 idx = None if row.get("index") is None else int(row["index"])
-                if idx in passed:  # a whole pass skipped under this version: fill the round
-                    filled = self._fill(passed, k - len(chosen), version)
+                if idx in passed:  # nothing rolled out since its last draw: fill from what was skipped
+                    # every prompt with a history skipped since (a whole pass, as far as the history
+                    # knows): fill the round and keep the rest for the step; else (a reshuffled
+                    # epoch brought a prompt round early) roll out only the likeliest and walk on
+                    whole = len(passed) >= len(self.history)
+                    filled = self._fill(passed, k - len(chosen) if whole else 1, version)
                     chosen += [passed[i] for i in filled]
                     skipped += 1 - len(filled)  # this row is not rolled out; the filled ones are
                     self.spread_skips.difference_update(filled)
+                    if whole:
+                        self.skipped_pass = (
+                            version,
+                            {i: r for i, r in passed.items() if i not in set(filled)},
+                        )
                     passed = {}
                     continue
                 self.history.explored = False
@@ -97,6 +124,8 @@ class SkipPolicy:
                     chosen.append(row)
                     passed = {}
                     budget -= self.history.explored
+                    if self.skipped_pass is not None:  # rolled out now: not again from the pass
+                        self.skipped_pass[1].pop(idx, None)
         return chosen, skipped
 
     def _fill(self, passed: dict[int, dict], need: int, version: int) -> list[int]:
