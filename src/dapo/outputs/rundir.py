@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from dapo.errors import DapoError
+from dapo.outputs.atomic import replacing, write_text
 
 LOCK_FILE = "dapo.lock"
 FINISHED_FILE = "finished.json"
 ROW_FILES = ("metrics.jsonl", "groups.jsonl")
+# the way on after a file could not be written at the end of a run
+RERUN = (
+    "run the same command again (it resumes from the last checkpoint, or trains again when "
+    "trainer.save_freq=-1 saved none)"
+)
+_ROWS_THEN = "No row was changed; run the same command again"
 
 # keys a resume may change: how the run is logged, saved, validated, placed and micro-batched;
 # none of them changes what an optimizer step computes (micro-batching and placement change
@@ -255,11 +262,14 @@ def read_finished(run_dir: Path) -> dict[str, Any] | None:
 
 
 def mark_finished(run_dir: Path, cfg: Any, steps: int) -> None:
-    """Record that this config's run trained all ``steps`` (written atomically)."""
-    path = Path(run_dir) / FINISHED_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"steps": int(steps), "config": config_snapshot(cfg)}, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Record that this config's run trained all ``steps`` (written atomically; a failed write
+    leaves no file and raises :class:`dapo.outputs.atomic.WriteError` saying what to do)."""
+    write_text(
+        Path(run_dir) / FINISHED_FILE,
+        json.dumps({"steps": int(steps), "config": config_snapshot(cfg)}, indent=1) + "\n",
+        then=f"The run trained to its last step ({int(steps)}) and wrote its summary; to record it as "
+        f"finished, {RERUN}",
+    )
 
 
 def clear_finished(run_dir: Path) -> None:
@@ -320,12 +330,8 @@ def keep_rows_through(path: Path, step: int | None) -> list[int]:
     dropped = sorted({s for s, _ in rows if s is not None and (step is None or s > step)})
     if len(kept) == len(lines) and all(a == b for a, b in zip(kept, lines, strict=True)):
         return []
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path, fsync=True, then=_ROWS_THEN) as f:
         f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return dropped
 
 
