@@ -119,7 +119,9 @@ class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/dapo.lock`` for as long as it is held.
 
     The lock belongs to the open file, so the kernel releases it when the process exits or is
-    killed; the pid inside is only for the message another run prints when it is refused.
+    killed; the pid inside is only for the message another run prints when it is refused, and is
+    cleared on release, so a command that is refused or finds the run finished leaves the file as
+    it found it.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
@@ -150,6 +152,7 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the only descriptor drops the flock
             self._fd = None
 
@@ -228,13 +231,15 @@ def describe_differences(diffs: list[tuple[str, Any, Any]], limit: int = 6) -> s
     return ", ".join(parts)
 
 
-def check_resume_config(checkpoint: Path, saved: Mapping[str, Any] | None, cfg: Any) -> str | None:
-    """Stop a resume whose config changes training (names the keys); with
+def check_resume_config(
+    checkpoint: Path, saved: Mapping[str, Any] | None, cfg: Any, free: tuple[str, ...] = FREE_KEYS
+) -> str | None:
+    """Stop a resume whose config changes training (names the keys outside ``free``); with
     ``trainer.resume_allow_config_change=true`` return a warning line instead. None when the
     configs agree or the checkpoint predates saving its config."""
     if not saved:
         return None
-    diffs = config_differences(saved, config_snapshot(cfg))
+    diffs = config_differences(saved, config_snapshot(cfg), free)
     if not diffs:
         return None
     what = describe_differences(diffs)
