@@ -1,10 +1,12 @@
 """A refused `dapo train` leaves its run directory as it found it: a command that changes a
-finished run is refused without a byte written, and the original command still finds the run
-finished. Real runs, the refused command in a second process."""
+finished run is refused without a byte written (and the original command still finds the run
+finished), and a second train into a busy directory is refused before anything loads. Real runs
+and real second processes."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 import torch
 
 from dapo.cli import main
+from dapo.outputs import rundir
+from dapo.outputs.rundir import RunLock
 from runs import small_run_args, subprocess_env
 
 torch.set_num_threads(1)
@@ -76,3 +80,87 @@ def test_a_refused_command_leaves_a_finished_run_byte_identical(finished, tmp_pa
     out = capsys.readouterr().out
     assert f"run directory {run} holds this run, finished after {STEPS} steps; nothing to do" in out
     assert _hashes(run) == before
+
+
+def test_a_second_train_into_a_busy_directory_is_refused_before_anything_loads(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()  # kept when its holder ends: it was there before
+    # the first: a real `dapo train` that holds the lock, stopped where training would start
+    first = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nfrom dapo import cli\nfrom dapo.outputs import rundir\n"
+         "def hold(cfg, console):\n"
+         "    print('holding', flush=True)\n"
+         "    sys.stdin.readline()\n"
+         "    raise rundir.RunFinished('released')\n"
+         "cli._train_locked = hold\n"
+         f"sys.exit(cli.main(['train', 'trainer.default_local_dir={run}']))\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=subprocess_env(), text=True,
+    )  # fmt: skip
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        second = subprocess.run(
+            [sys.executable, "-c",
+             "import sys\nfrom dapo.cli import main\n"
+             f"rc = main(['train', 'trainer.default_local_dir={run}'])\n"
+             "print('torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
+             "sys.exit(rc)\n"],
+            env=subprocess_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        # refused while the first still holds the directory, before the config's component
+        # rules (the first thing that imports torch), let alone a model or the data
+        assert first.poll() is None
+        assert second.returncode == 2
+        assert second.stderr.splitlines() == [
+            f"dapo: run directory {run} is in use by another dapo train (pid {first.pid}); wait for it "
+            f"to finish or stop it (kill -TERM {first.pid} saves a checkpoint and stops it), or set "
+            "trainer.default_local_dir to another directory"
+        ]
+        assert second.stdout.strip() == "torch not imported"
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.wait(timeout=60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert (run / "dapo.lock").read_text() == "", "the pid is cleared when the lock is released"
+
+
+def test_a_command_stopped_on_its_config_leaves_no_run_directory(tmp_path, capsys):
+    run = tmp_path / "new" / "run"
+    assert main(["train", f"trainer.default_local_dir={run}", "algorithm.adv_estimator=nope"]) == 2
+    assert "algorithm.adv_estimator" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    # a directory that was there stays, with its files
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("mine")
+    assert main(["train", f"trainer.default_local_dir={run}", "algorithm.adv_estimator=nope"]) == 2
+    assert sorted(p.name for p in run.iterdir()) == ["dapo.lock", "notes.txt"]
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_locked_by_the_next(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    a = RunLock(run).acquire()
+    # b opened the file while a held it; a then released it and removed the directory it made
+    stale = os.open(a.path, os.O_RDWR)
+    a.release()
+    assert not run.exists()
+    real_open, opened = os.open, []
+
+    def open_(path, flags, mode=0o777):
+        fd = stale if not opened else real_open(path, flags, mode)
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(rundir.os, "open", open_)
+    b = RunLock(run).acquire()
+    monkeypatch.undo()
+    try:
+        # the lock on the unlinked file was given up for one on the file at the path
+        assert len(opened) == 2 and b._fd == opened[1]
+        assert os.fstat(b._fd).st_ino == (run / "dapo.lock").stat().st_ino
+        with pytest.raises(OSError):
+            os.fstat(stale)  # closed
+    finally:
+        b.release()

@@ -100,9 +100,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dapo.outputs.progress import logging_through
 
     console = _console()
-    _, cfg = _load(args)
-    # one dapo train per run directory at a time; the kernel drops the lock when this process ends
-    with rundir.RunLock(rundir.run_dir_of(cfg)), logging_through(console):
+    # one dapo train per run directory at a time (the kernel drops the lock when this process
+    # ends), claimed before the component rules import torch and before anything loads, so a
+    # second train into a busy directory is refused at once
+    with rundir.RunLock(_run_dir_as_given(args)) as lock, logging_through(console):
+        _, cfg = _load(args)
+        if rundir.run_dir_of(cfg) != lock.run_dir:
+            raise RuntimeError(f"locked {lock.run_dir}, but the run config names {rundir.run_dir_of(cfg)}")
         try:
             summary = _train_locked(cfg, console)
         except rundir.RunFinished as e:
@@ -131,6 +135,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     console.print(f"run directory: {summary['run_dir']}")
     return 0
+
+
+def _run_dir_as_given(args: argparse.Namespace) -> Path:
+    """The run directory of a command line, from its config as given (preset and overrides
+    merged, nothing else run): cheap enough to lock before the config is built."""
+    from dapo.config.load import load_config
+    from dapo.outputs import rundir
+
+    problems: list[str] = []
+    loaded = load_config(list(args.overrides), preset=args.config_name, problems=problems)
+    if problems:
+        _, cfg = _load(args)  # raises ConfigError naming every problem
+        return rundir.run_dir_of(cfg)
+    return rundir.run_dir_of(loaded)
 
 
 def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
