@@ -100,9 +100,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dapo.outputs.progress import logging_through
 
     console = _console()
-    _, cfg = _load(args)
-    # one dapo train per run directory at a time; the kernel drops the lock when this process ends
-    with rundir.RunLock(rundir.run_dir_of(cfg)), logging_through(console):
+    # one dapo train per run directory at a time (the kernel drops the lock when this process
+    # ends), claimed before the component rules import torch and before anything loads, so a
+    # second train into a busy directory is refused at once
+    with rundir.RunLock(_run_dir_as_given(args)) as lock, logging_through(console):
+        _, cfg = _load(args)
+        if rundir.run_dir_of(cfg) != lock.run_dir:
+            raise RuntimeError(f"locked {lock.run_dir}, but the run config names {rundir.run_dir_of(cfg)}")
         try:
             summary = _train_locked(cfg, console)
         except rundir.RunFinished as e:
@@ -133,21 +137,67 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_dir_as_given(args: argparse.Namespace) -> Path:
+    """The run directory of a command line, from its config as given (preset and overrides
+    merged, nothing else run): cheap enough to lock before the config is built."""
+    from dapo.config.load import load_config
+    from dapo.outputs import rundir
+
+    problems: list[str] = []
+    loaded = load_config(list(args.overrides), preset=args.config_name, problems=problems)
+    if problems:
+        _, cfg = _load(args)  # raises ConfigError naming every problem
+        return rundir.run_dir_of(cfg)
+    return rundir.run_dir_of(loaded)
+
+
 def _train_locked(cfg: Any, console: Any) -> dict[str, Any]:
+    """Train in the locked run directory. Every refusal comes before anything in it is changed:
+    the finished marker is cleared only once the trainer has accepted the command (resumed from
+    its checkpoint, or started without one)."""
     from dapo.checkpoint.store import list_checkpoints
     from dapo.outputs import rundir
     from dapo.trainer.loop import Trainer
 
     tr = cfg.trainer
+    run_dir = rundir.run_dir_of(cfg)
     if not tr.val_only:
-        run_dir = rundir.run_dir_of(cfg)
-        has_ckpt = tr.resume_mode == "resume_path" or bool(list_checkpoints(run_dir, complete_only=False))
+        checkpoints = [p for _, p in reversed(list_checkpoints(run_dir, complete_only=False))]
+        has_ckpt = tr.resume_mode == "resume_path" or bool(checkpoints)
         rundir.check_finished(run_dir, cfg, has_ckpt)
+        _check_resume_config_early(cfg, checkpoints)
+    trainer = Trainer(cfg, printer=console.print, console=console)
+    if not tr.val_only:
         rundir.clear_finished(run_dir)
-    summary = Trainer(cfg, printer=console.print, console=console).fit()
+    summary = trainer.fit()
     if not tr.val_only and not summary.get("stopped") and summary["steps"] >= summary["total_training_steps"]:
-        rundir.mark_finished(rundir.run_dir_of(cfg), cfg, summary["steps"])
+        rundir.mark_finished(run_dir, cfg, summary["steps"])
     return summary
+
+
+def _check_resume_config_early(cfg: Any, checkpoints: list[Path]) -> None:
+    """The resume's config check against the checkpoint a resume starts from (``checkpoints``:
+    the run directory's, newest first), before the model and data load: a command that changes
+    training is refused at once. The trainer checks again on the checkpoint it loads."""
+    from dapo.checkpoint.manifest import STATE_FILE
+    from dapo.outputs import rundir
+
+    tr = cfg.trainer
+    if tr.resume_allow_config_change or tr.resume_mode == "disable":
+        return
+    if tr.resume_mode == "resume_path":
+        checkpoints = [Path(tr.resume_from_path).expanduser()] if tr.resume_from_path else []
+    free = rundir.FREE_KEYS
+    if tr.total_training_steps is None:  # the warmup is derived from the step count, once the data loads
+        free += ("actor_rollout_ref.actor.optim.lr_warmup_steps",)
+    for path in checkpoints:
+        try:
+            state = json.loads((path / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # a damaged checkpoint: the resume skips it, or says why it cannot
+        saved = state.get("config") if isinstance(state, dict) else None
+        rundir.check_resume_config(path, saved if isinstance(saved, dict) else None, cfg, free)
+        return
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

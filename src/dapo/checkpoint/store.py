@@ -32,7 +32,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -322,13 +322,25 @@ def _remove_stale_tmp(run_dir: Path, prefix: str = CKPT_PREFIX) -> None:
 
 
 def _write_atomic(path: Path, text: str, fsync: bool = True) -> None:
+    """``text`` as ``path`` in one rename; a failed write leaves no temporary file and raises
+    CheckpointError naming the file (the checkpoints themselves are whole either way)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise CheckpointError(
+                f"cannot write {path}: {e.strerror or e}; free space on that disk (or make it writable). "
+                "The checkpoints are complete; run the same command again to resume from the newest"
+            ) from e
+        raise
     if fsync:
         _fsync_dir(path.parent)
 

@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from dapo.outputs.atomic import replacing
+
+# what a failed dump means for the run: it stops there, and its checkpoints are untouched
+_DUMP_THEN = "The run stopped there; run the same command again to resume from its last checkpoint"
+
 
 def _plain(v: Any) -> Any:
     if isinstance(v, np.generic):
@@ -57,8 +62,7 @@ def dump_generations(
     d = Path(dump_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{int(step)}.jsonl"
-    tmp = d / f".{path.name}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path, then=_DUMP_THEN) as f:
         for i in range(n):
             row: dict[str, Any] = {
                 "input": inputs[i],
@@ -70,7 +74,6 @@ def dump_generations(
             for k, v in kept.items():
                 row[k] = _plain(v[i])
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
     return path, dropped
 
 

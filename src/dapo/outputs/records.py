@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dapo.outputs.atomic import write_text
+
 log = logging.getLogger(__name__)
 
 GROUPS_FILE = "groups.jsonl"
@@ -121,13 +123,13 @@ class GroupRecorder:
         self.path = self.run_dir / GROUPS_FILE
         self.max_response_length = max_response_length
         self.overlong_buffer_len = int(overlong_buffer_len or 0)
-        info = {
+        # written with the first step's line, so a start that is refused writes nothing here
+        self._viewer_info: dict[str, Any] | None = {
             "rollout_data_dir": _abs(rollout_data_dir),
             "validation_data_dir": _abs(validation_data_dir),
             "max_response_length": max_response_length,
             "overlong_buffer_len": self.overlong_buffer_len,
         }
-        (self.run_dir / VIEWER_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
     @classmethod
     def from_config(cls, run_dir: str | Path, cfg: Any) -> GroupRecorder:
@@ -144,6 +146,9 @@ class GroupRecorder:
     def write(self, step: int, sampled: Any) -> None:
         """Append the step's line; ``sampled`` is the batcher's ``SampledStep``."""
         try:
+            if self._viewer_info is not None:
+                write_text(self.run_dir / VIEWER_FILE, json.dumps(self._viewer_info, indent=2) + "\n")
+                self._viewer_info = None
             skipped = int((sampled.metrics or {}).get("dynamic_sampling/skipped_prompts", 0))
             line = summarize_step(
                 step,

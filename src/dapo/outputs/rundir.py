@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from dapo.errors import DapoError
+from dapo.outputs.atomic import replacing, write_text
 
 LOCK_FILE = "dapo.lock"
 FINISHED_FILE = "finished.json"
 ROW_FILES = ("metrics.jsonl", "groups.jsonl")
+# the way on after a file could not be written at the end of a run
+RERUN = (
+    "run the same command again (it resumes from the last checkpoint, or trains again when "
+    "trainer.save_freq=-1 saved none)"
+)
+_ROWS_THEN = "No row was changed; run the same command again"
 
 # keys a resume may change: how the run is logged, saved, validated, placed and micro-batched;
 # none of them changes what an optimizer step computes (micro-batching and placement change
@@ -112,45 +119,89 @@ class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/dapo.lock`` for as long as it is held.
 
     The lock belongs to the open file, so the kernel releases it when the process exits or is
-    killed; the pid inside is only for the message another run prints when it is refused.
+    killed; the pid inside is only for the message another run prints when it is refused, and is
+    cleared on release, so a command that is refused or finds the run finished leaves the file as
+    it found it. A run directory the lock created and nothing else wrote to (a command that
+    stopped on its config) is removed again on release.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
+        self._created: list[Path] = []
 
     def acquire(self) -> RunLock:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        self._created = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
+        while True:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue  # removed by a holder that had made it and wrote nothing else
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                raise RunDirError(_in_use(self.run_dir, _read_pid(self.path))) from None
+            if _same_file(fd, self.path):
+                break
+            # the holder removed the file (and the directory it made) before we locked it: a lock
+            # on that unlinked file guards nothing, so lock the one at the path now
             os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            holder = _read_pid(self.path)
-            who = f"pid {holder}" if holder is not None else "a process that has not written its pid yet"
-            stop = f" (kill -TERM {holder} saves a checkpoint and stops it)" if holder is not None else ""
-            raise RunDirError(
-                f"run directory {self.run_dir} is in use by another dapo train ({who}); wait for it to "
-                f"finish or stop it{stop}, or set trainer.default_local_dir to another directory"
-            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
+        if self._fd is None:
+            return
+        if self._created and _only_lock(self.run_dir):
+            # still locked: whoever opened the file meanwhile sees it unlinked once locked, and retries
+            self.path.unlink()
+            for d in self._created:
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+        else:
+            os.ftruncate(self._fd, 0)
+        os.close(self._fd)  # closing the only descriptor drops the flock
+        self._fd = None
 
     def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _in_use(run_dir: Path, holder: int | None) -> str:
+    who = f"pid {holder}" if holder is not None else "a process that has not written its pid yet"
+    stop = f" (kill -TERM {holder} saves a checkpoint and stops it)" if holder is not None else ""
+    return (
+        f"run directory {run_dir} is in use by another dapo train ({who}); wait for it to "
+        f"finish or stop it{stop}, or set trainer.default_local_dir to another directory"
+    )
+
+
+def _only_lock(run_dir: Path) -> bool:
+    try:
+        return [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+    except OSError:
+        return False
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -221,13 +272,15 @@ def describe_differences(diffs: list[tuple[str, Any, Any]], limit: int = 6) -> s
     return ", ".join(parts)
 
 
-def check_resume_config(checkpoint: Path, saved: Mapping[str, Any] | None, cfg: Any) -> str | None:
-    """Stop a resume whose config changes training (names the keys); with
+def check_resume_config(
+    checkpoint: Path, saved: Mapping[str, Any] | None, cfg: Any, free: tuple[str, ...] = FREE_KEYS
+) -> str | None:
+    """Stop a resume whose config changes training (names the keys outside ``free``); with
     ``trainer.resume_allow_config_change=true`` return a warning line instead. None when the
     configs agree or the checkpoint predates saving its config."""
     if not saved:
         return None
-    diffs = config_differences(saved, config_snapshot(cfg))
+    diffs = config_differences(saved, config_snapshot(cfg), free)
     if not diffs:
         return None
     what = describe_differences(diffs)
@@ -255,11 +308,14 @@ def read_finished(run_dir: Path) -> dict[str, Any] | None:
 
 
 def mark_finished(run_dir: Path, cfg: Any, steps: int) -> None:
-    """Record that this config's run trained all ``steps`` (written atomically)."""
-    path = Path(run_dir) / FINISHED_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"steps": int(steps), "config": config_snapshot(cfg)}, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Record that this config's run trained all ``steps`` (written atomically; a failed write
+    leaves no file and raises :class:`dapo.outputs.atomic.WriteError` saying what to do)."""
+    write_text(
+        Path(run_dir) / FINISHED_FILE,
+        json.dumps({"steps": int(steps), "config": config_snapshot(cfg)}, indent=1) + "\n",
+        then=f"The run trained to its last step ({int(steps)}) and wrote its summary; to record it as "
+        f"finished, {RERUN}",
+    )
 
 
 def clear_finished(run_dir: Path) -> None:
@@ -320,12 +376,8 @@ def keep_rows_through(path: Path, step: int | None) -> list[int]:
     dropped = sorted({s for s, _ in rows if s is not None and (step is None or s > step)})
     if len(kept) == len(lines) and all(a == b for a, b in zip(kept, lines, strict=True)):
         return []
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path, fsync=True, then=_ROWS_THEN) as f:
         f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return dropped
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dapo.errors import DapoError
+from dapo.outputs.atomic import write_text
+from dapo.outputs.rundir import RERUN
 
 AVAILABLE = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
@@ -462,5 +464,9 @@ def write_summary(
         "val_before": {k: v for k, v in before.items() if k.startswith("val-core/")},
         "val_after": {k: v for k, v in after.items() if k.startswith("val-core/")},
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text(
+        Path(run_dir) / "summary.json",
+        json.dumps(summary, indent=2),
+        then=f"Then {RERUN}",
+    )
     return summary

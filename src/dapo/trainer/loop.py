@@ -79,8 +79,6 @@ class Trainer:
         torch.manual_seed(seed)
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # the resolved configuration of this run (of its latest start, for a resumed run)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         files = run_files(cfg, self.print)
         self.model_path = files.model_path
         self.tokenizer, self.model, self.device = build_policy(
@@ -126,6 +124,9 @@ class Trainer:
         self.validation: dict[str, dict[str, float]] = {"before": {}, "last": {}}
         self.step_row: dict[str, Any] | None = None  # the metrics row of the step being saved
         resume_trainer(self)
+        # the resolved configuration of this run (of its latest start, for a resumed run), once
+        # the resume has accepted it: a refused start leaves the run directory as it was
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
 
     # ---------------------------------------------------------------- setup
 
