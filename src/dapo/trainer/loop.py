@@ -28,7 +28,7 @@ from dapo.checkpoint.store import save_model_dir
 from dapo.config.load import to_yaml
 from dapo.config.pipeline import finalize_steps
 from dapo.config.schema import DapoConfig
-from dapo.data.dataset import build_prompt_data
+from dapo.data.dataset import build_prompt_data, refuse_bad_data
 from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.errors import check_nonfinite
 from dapo.model.loader import build_policy
@@ -82,6 +82,7 @@ class Trainer:
         # the resolved configuration of this run (of its latest start, for a resumed run)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         files = run_files(cfg, self.print)
+        refuse_bad_data(cfg, files.train_files, files.val_files)  # before the model loads
         self.model_path = files.model_path
         self.tokenizer, self.model, self.device = build_policy(
             cfg.actor_rollout_ref.model,
