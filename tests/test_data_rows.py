@@ -16,7 +16,7 @@ from dapo.data.check import RowRules, check_file, rules_from_config
 from dapo.data.dataset import refuse_bad_data
 from dapo.data.parquet import DataError
 from fixtures.config_helpers import run_config
-from runs import train_args
+from runs import jsonl_rows, metric_rows, run_summary, train_args
 
 NUL = chr(0)
 
@@ -173,3 +173,49 @@ def test_the_run_config_says_when_the_built_in_scorers_grade_the_rows(tmp_path):
     with pytest.raises(DataError, match="'my/task' has no built-in scorer"):
         refuse_bad_data(run_config(), unknown, None)
     assert main(["data", "check", unknown[0], "--custom-reward"]) == 0
+
+
+NEVER_RIGHT = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return {"score": 0.0, "acc": False}
+"""
+
+
+def test_a_step_that_trains_nothing_dumps_its_groups_and_says_how_often_it_drew(
+    tmp_path, tiny_random_model_dir, capsys
+):
+    reward = tmp_path / "never.py"
+    reward.write_text(NEVER_RIGHT)
+    data = _write(tmp_path, "train", _rows(32))
+    run_dir, dumps = tmp_path / "run", tmp_path / "rollouts"
+    argv = train_args(
+        run_dir,
+        tiny_random_model_dir,
+        data,
+        data,
+        1,
+        "trainer.logger=[console,jsonl]",
+        "trainer.val_before_train=false",
+        "data.val_max_samples=2",
+        f"custom_reward_function.path={reward}",
+        f"trainer.rollout_data_dir={dumps}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=6",
+    )
+    capsys.readouterr()
+    assert main(argv) == 1  # nothing was trained
+    out = capsys.readouterr().out
+    (row,) = metric_rows(run_dir)
+    assert row["training/skipped_step"] == 1.0 and run_summary(run_dir)["updates"] == 0
+    # the last round's groups: data.gen_batch_size=8 prompts x rollout.n=4, every one filtered
+    dumped = jsonl_rows(dumps / "1.jsonl")
+    assert len(dumped) == 8 * 4
+    assert all(r["trained"] is False and r["score"] == 0.0 and r["step"] == 1 for r in dumped)
+    assert {r["gts"] for r in dumped} <= {str(i) for i in range(32)}
+    # the step line's skip count reads against the data's size: every prompt was drawn over
+    # and over (each hopeless after its first group), so the line says how many passes
+    skipped = int(row["dynamic_sampling/skipped_prompts"])
+    drawn = skipped + int(row["dynamic_sampling/generated_groups"])
+    assert row["dynamic_sampling/generated_groups"] == 6 * 8 and drawn > 2 * 32
+    (line,) = [x for x in out.splitlines() if x.startswith("step 1 |")]
+    assert f" | skipped {skipped} draws ({drawn / 32:.1f} passes over 32 prompts) | " in line
