@@ -130,3 +130,25 @@ def test_third_party_bars_are_off_unless_asked_for(monkeypatch):
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_a_skip_count_above_the_data_size_says_how_many_passes_it_took():
+    pool = {
+        "dynamic_sampling/coverage/rolled_out_prompts": 30.0,
+        "dynamic_sampling/coverage/never_rolled_out": 2.0,
+    }
+    # 8865 skipped + 80 rolled out = 8945 draws of 32 prompts: 279.5 passes
+    many = {
+        **STEP,
+        **pool,
+        "dynamic_sampling/skipped_prompts": 8865.0,
+        "dynamic_sampling/generated_groups": 80.0,
+    }
+    assert "skipped 8865 draws (280 passes over 32 prompts)" in step_fields(3, many)
+    few = {**many, "dynamic_sampling/skipped_prompts": 20.0, "dynamic_sampling/generated_groups": 28.0}
+    assert "skipped 20 draws (1.5 passes over 32 prompts)" in step_fields(3, few)  # 48 / 32
+    once = {**many, "dynamic_sampling/skipped_prompts": 3.0, "dynamic_sampling/generated_groups": 29.0}
+    assert "skipped 3" in step_fields(3, once)  # 32 draws: no prompt was drawn twice
+    no_pool = {**STEP, "dynamic_sampling/skipped_prompts": 8865.0}
+    assert "skipped 8865" in step_fields(3, no_pool)  # the pool's size is unknown
+    assert round_info({"round": 4, "skipped_prompts": 240}) == "round 4 · skipped 240 draws"

@@ -21,8 +21,8 @@ PLANTED = {
     4: ("data_source", "error"),
     5: ("reward_model", "error"),
     6: ("extra_info.index", "warning"),
-    7: ("data_source", "warning"),
-    8: ("prompt[0].role", "warning"),
+    7: ("data_source", "error"),
+    8: ("prompt[0].role", "error"),
     9: ("json", "error"),
 }
 
@@ -51,8 +51,8 @@ def test_cli_output_and_exit_status(capsys):
     assert _cli(["data", "check", str(FIX / "broken.jsonl"), "--max-prompt-length", "20"]) == 1
     out = capsys.readouterr().out
     assert "error: row 1: reward_model.ground_truth: is missing or empty" in out
-    assert "warning: row 7: data_source: 'my/own_task' has no built-in scorer" in out
-    assert "11 rows, 6 errors, 3 warnings" in out
+    assert "error: row 7: data_source: 'my/own_task' has no built-in scorer" in out
+    assert "11 rows, 8 errors, 1 warnings" in out
     assert "prompts over max_prompt_length=20:" in out
 
 
@@ -120,7 +120,9 @@ def test_parquet_with_null_ground_truth_and_missing_column(tmp_path):
         pa.Table.from_pylist([{"data_source": "math_dapo", "reward_model": {"ground_truth": "1"}}]),
         str(path2),
     )
-    assert [str(p) for p in check_file(path2).errors] == ["error: row 0: prompt: column is missing"]
+    assert [str(p) for p in check_file(path2).errors] == [
+        "error: row 0: prompt: column is missing; set data.prompt_key if the chat list has another name"
+    ]
 
 
 def test_missing_file():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo.config.schema import ScoringConfig
-from dapo.reward.manager import DAPORewardManager
+from dapo.reward.manager import DAPORewardManager, RewardObjective, step_budget_s
 from dapo.reward.pool import ERROR, OK, TIMEOUT, ScoringPool
 from fixtures.config_helpers import config_problems
 from fixtures.reward_helpers import CharTokenizer, make_batch, scorer_from_source
@@ -22,6 +22,9 @@ SLOW_AND_GREEDY = """
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         if solution_str == "slow":
             time.sleep(100000)  # far beyond any budget in these tests
+        if solution_str == "slowish":
+            time.sleep(20)  # beyond the budgets below; without one the call ends, scored 2.0
+            return {"score": 2.0, "acc": True}
         if solution_str == "greedy":
             block = bytearray(1 << 30)  # 1 GiB, zero-filled: fits the machine, not the cap
             return {"score": 5.0, "acc": len(block) > 0}
@@ -105,8 +108,106 @@ def test_memory_cap_reaches_the_workers_from_the_config_and_scores_failures(ref)
 
 def test_scoring_config_defaults_and_bad_values():
     cfg = ScoringConfig()
-    assert cfg.step_timeout_s is None and cfg.memory_limit_mb == 8192
+    assert cfg.step_timeout_s == "auto" and cfg.memory_limit_mb == 8192
+    assert (cfg.step_timeout_per_sample_s, cfg.step_timeout_min_s) == (0.5, 60.0)
+    for bad in ("-1", "soon", "true"):
+        (p,) = config_problems(f"reward_model.scoring.step_timeout_s={bad}")
+        assert p.startswith("reward_model.scoring.step_timeout_s: must be auto, seconds >= 0, or 0/null")
     with pytest.raises(ValueError, match="reward_model.scoring.step_timeout_s"):
-        DAPORewardManager(CharTokenizer(), scoring=ScoringConfig(step_timeout_s=0))
+        DAPORewardManager(CharTokenizer(), scoring=ScoringConfig(step_timeout_s=-1))
+    (p,) = config_problems("reward_model.scoring.step_timeout_per_sample_s=0")
+    assert p.startswith("reward_model.scoring.step_timeout_per_sample_s: must be > 0")
+    assert config_problems("reward_model.scoring.step_timeout_s=0") == []
+    assert config_problems("reward_model.scoring.step_timeout_s=null") == []
+    assert config_problems("reward_model.scoring.step_timeout_s=45") == []
     (p,) = config_problems("reward_model.scoring.memory_limit_mb=-1")
     assert p.startswith("reward_model.scoring.memory_limit_mb: must be >= 0")
+
+
+def test_auto_budget_is_the_per_sample_allowance_times_the_worker_samples_with_a_floor():
+    auto = ScoringConfig()  # 0.5 s a sample, at least 60 s
+    assert step_budget_s(auto, 0) == 60.0
+    assert step_budget_s(auto, 100) == 60.0  # 50 s is under the floor
+    assert step_budget_s(auto, 120) == 60.0
+    assert step_budget_s(auto, 512) == 256.0
+    assert step_budget_s(auto, 8192) == 4096.0
+    custom = ScoringConfig(step_timeout_per_sample_s=0.25, step_timeout_min_s=10)
+    assert (step_budget_s(custom, 8), step_budget_s(custom, 64)) == (10.0, 16.0)
+    assert step_budget_s(ScoringConfig(step_timeout_s=45), 8192) == 45.0  # a number is the budget
+    assert step_budget_s(ScoringConfig(step_timeout_s=0), 8192) is None  # 0 and null: no budget
+    assert step_budget_s(ScoringConfig(step_timeout_s=None), 8192) is None
+
+
+def test_the_budget_counts_only_samples_scored_in_workers_one_per_reward_function(ref, monkeypatch):
+    import dapo.reward.manager as manager
+
+    seen = []
+    real = manager.step_budget_s
+    monkeypatch.setattr(manager, "step_budget_s", lambda sc, k: seen.append(k) or real(sc, k))
+    batch = make_batch(["1", "2", "3"], ["1"] * 3, data_source="math_dapo")
+    # auto mode scores the built-in math_dapo scorer in the trainer process: nothing for workers
+    with DAPORewardManager(CharTokenizer()) as mgr:
+        mgr(batch)
+    objectives = [RewardObjective("a", ref), RewardObjective("b", ref), RewardObjective("c", None)]
+    with DAPORewardManager(CharTokenizer(), objectives=objectives, scoring={"num_workers": 1}) as mgr:
+        mgr(batch)
+    assert seen == [0, 6]  # two file-based objectives of 3 responses each; the built-in runs inline
+
+
+def test_a_run_with_slow_scorers_is_bounded_by_the_default_budget(ref):
+    # "auto" as by default, sized down so the test is short: max(1, 0.1 x 6) = 1 s; the
+    # per-sample timeout is far away, so only the budget can end the call
+    texts = ["ok", "slowish", "ok", "slowish", "no", "slowish"]
+    scoring = {"mode": "process", "timeout_s": 3600.0, "num_workers": 2}
+    scoring.update(step_timeout_per_sample_s=0.1, step_timeout_min_s=1.0)
+    with DAPORewardManager(CharTokenizer(), ref, scoring=scoring) as mgr:
+        for _ in range(2):  # and the next call is bounded again, by a fresh budget
+            out = mgr(make_batch(texts, ["ok"] * len(texts), data_source="anything"))
+            info = out.reward_extra_info
+            assert {1, 3, 5} <= {i for i, p in enumerate(info["pred"]) if p == "[TIMEOUT]"}
+            assert out.metrics["reward/timeouts"] == info["pred"].count("[TIMEOUT]")
+            assert [info["score"][i] for i in (1, 3, 5)] == [-1.0] * 3
+
+
+SLOW_REWARD = """
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    time.sleep(20)  # without a budget the step still ends, after minutes, scored 1.0
+    return 1.0
+"""
+
+
+def test_a_training_run_with_a_slow_scorer_is_bounded_by_the_default_budget(
+    tmp_path, tiny_random_model_dir, mod3_task
+):
+    from dapo.cli import main
+    from runs import metric_rows, run_summary, train_args
+
+    train, test, _ = mod3_task
+    reward = tmp_path / "slow.py"
+    reward.write_text(SLOW_REWARD)
+    run_dir = tmp_path / "run"
+    argv = train_args(
+        run_dir,
+        tiny_random_model_dir,
+        train,
+        test,
+        1,
+        "trainer.logger=[jsonl]",
+        "trainer.val_before_train=false",
+        "algorithm.filter_groups.enable=false",
+        f"custom_reward_function.path={reward}",
+        # step_timeout_s stays auto; its allowance is sized down (max(1, 0.01 x 32) = 1 s) and the
+        # per-sample timeout is far away, so only the budget can end a scoring call
+        "reward_model.scoring.timeout_s=3600",
+        "reward_model.scoring.step_timeout_per_sample_s=0.01",
+        "reward_model.scoring.step_timeout_min_s=1",
+    )
+    assert main(argv) == 0
+    (row,) = metric_rows(run_dir)
+    # every response of the step: without filtering it is data.gen_batch_size=8 prompts x 4 samples
+    assert row["reward/timeouts"] == 8 * 4
+    # failure_score -1 for each, less the overlong penalty of those that ran long
+    assert row["reward/errors"] == 0 and row["critic/score/max"] <= -1.0
+    assert run_summary(run_dir)["steps"] == 1

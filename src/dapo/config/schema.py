@@ -386,9 +386,10 @@ class ScoringConfig:
     auto: the built-in regex scorers run in-process, everything else in worker processes
     with a per-sample wall-clock timeout; process: everything in workers; inline: nothing.
     A failed or timed-out sample scores ``failure_score`` and is counted.
-    ``step_timeout_s`` bounds one step's worker scoring (null: no bound); samples without a
-    result by then count as timeouts. ``memory_limit_mb`` caps each worker's address space
-    (0: no cap).
+    ``step_timeout_s`` bounds one scoring call's worker time (``auto``: sized from the samples it
+    sends to workers, ``dapo.reward.manager.step_budget_s``; 0 or null: no bound); samples
+    without a result by then count as timeouts. ``memory_limit_mb`` caps each worker's address
+    space (0: no cap).
     """
 
     # where reward functions run: auto | process | inline (see above)
@@ -399,8 +400,16 @@ class ScoringConfig:
     failure_score: float = -1.0
     # scoring worker processes (null: up to 4, by CPU count)
     num_workers: int | None = None
-    # seconds one step's worker scoring may take in all (null: no bound)
-    step_timeout_s: float | None = None
+    # seconds one scoring call (a generation round's batch, or validation's) may spend in the
+    # worker processes in all; what has no result by then is a timeout. auto: max(step_timeout_min_s,
+    # step_timeout_per_sample_s x the samples it sends to workers, one per response and reward
+    # function), e.g. 512 responses: max(60, 0.5 x 512) = 256 s; a number: that many seconds;
+    # 0 or null: no bound
+    step_timeout_s: Any = "auto"
+    # step_timeout_s=auto: seconds allowed per sample scored in a worker
+    step_timeout_per_sample_s: float = 0.5
+    # step_timeout_s=auto: the least budget of a scoring call, in seconds
+    step_timeout_min_s: float = 60.0
     # address-space cap of each scoring worker in MB (0: no cap)
     memory_limit_mb: float = 8192
 

@@ -221,8 +221,14 @@ def scoring_problems(sc: Any) -> list[str]:
         out.append(f"{key}.mode: must be auto, process or inline, got {sc.mode!r}")
     if not sc.timeout_s > 0:
         out.append(f"{key}.timeout_s: must be > 0 seconds, got {sc.timeout_s}")
-    if sc.step_timeout_s is not None and not sc.step_timeout_s > 0:
-        out.append(f"{key}.step_timeout_s: must be > 0 seconds or null (no budget), got {sc.step_timeout_s}")
+    budget = sc.step_timeout_s
+    seconds = isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= 0
+    if not (budget == "auto" or budget is None or seconds):
+        out.append(f"{key}.step_timeout_s: must be auto, seconds >= 0, or 0/null (no budget), got {budget!r}")
+    if not sc.step_timeout_per_sample_s > 0:
+        out.append(f"{key}.step_timeout_per_sample_s: must be > 0, got {sc.step_timeout_per_sample_s}")
+    if not sc.step_timeout_min_s >= 0:
+        out.append(f"{key}.step_timeout_min_s: must be >= 0 seconds, got {sc.step_timeout_min_s}")
     if not sc.memory_limit_mb >= 0:
         out.append(f"{key}.memory_limit_mb: must be >= 0 (0: no limit), got {sc.memory_limit_mb}")
     return out

@@ -2,9 +2,11 @@
 and summarise it (rows, data sources, prompt lengths, how many exceed max_prompt_length).
 
 Errors are problems training would fail on or mis-score (no ground truth, a prompt that is
-not a chat list, ...); warnings are suspicious but usable (an unknown data_source needs
-``custom_reward_function.path``; duplicated ``extra_info.index``; an unusual role).
-The exit status is 1 when any error is found.
+not a chat list, a role no chat template knows, a NUL byte, a data_source no built-in scorer
+grades, a ground truth its scorer cannot compare); warnings are suspicious but usable
+(duplicated ``extra_info.index``, no ``ability`` column). The exit status is 1 when any error is
+found. ``dapo train`` runs the same check (:func:`refuse_bad_rows`, with the run's
+:class:`RowRules`) before it loads the model, and refuses a file with any error.
 
 The CLI owner calls :func:`register` with an argparse subparsers object.
 """
@@ -20,6 +22,39 @@ from pathlib import Path
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class RowRules:
+    """What a row must hold for the run that reads it. ``builtin_scorer``: some reward function
+    of the run is the built-in ``data_source`` router, so every row's data_source needs a built-in
+    scorer and a ground truth that scorer can compare; ``ground_truth_as_str``: that router is
+    given ``ground_truth_as_str=true`` (numbers are compared as strings)."""
+
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    builtin_scorer: bool = True
+    ground_truth_as_str: bool = False
+
+
+def rules_from_config(cfg: Any) -> RowRules:
+    """The rules of a run config (``dapo.run_config.build_run_config(...).cfg``): the built-in
+    router scores the rows unless ``custom_reward_function.path`` is set or every one of
+    ``reward_model.objectives`` names its own file."""
+    objectives = list(cfg.reward_model.objectives or [])
+    if objectives:
+        builtin_kwargs = [dict(o.reward_kwargs) for o in objectives if not o.path]
+    else:
+        builtin_kwargs = (
+            [] if cfg.custom_reward_function.path else [dict(cfg.custom_reward_function.reward_kwargs)]
+        )
+    return RowRules(
+        prompt_key=cfg.data.prompt_key,
+        reward_fn_key=cfg.data.reward_fn_key,
+        builtin_scorer=bool(builtin_kwargs),
+        ground_truth_as_str=bool(builtin_kwargs)
+        and all(kw.get("ground_truth_as_str") for kw in builtin_kwargs),
+    )
 
 
 @dataclass
@@ -119,12 +154,21 @@ def _load(path: Path, report: CheckReport) -> list[Any] | None:
 
 def _check_prompt(i: int, value: Any, key: str, add) -> list[dict[str, str]] | None:
     if isinstance(value, str):
-        add(i, key, "is a plain string; verl expects a chat list [{'role': 'user', 'content': ...}]")
+        add(
+            i,
+            key,
+            "is a plain string; verl expects a chat list: store it as "
+            "[{'role': 'user', 'content': <the text>}] (`dapo preprocess` converts a file)",
+        )
         return None
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, list) or not value:
-        add(i, key, f"must be a non-empty chat list, got {type(value).__name__}")
+        add(
+            i,
+            key,
+            f"must be a non-empty chat list like [{{'role': 'user', 'content': '...'}}], got {type(value).__name__}",
+        )
         return None
     ok = True
     for j, msg in enumerate(value):
@@ -134,31 +178,59 @@ def _check_prompt(i: int, value: Any, key: str, add) -> list[dict[str, str]] | N
             continue
         role, content = msg.get("role"), msg.get("content")
         if not isinstance(content, str) or not content.strip():
-            add(i, f"{key}[{j}].content", "is missing or empty")
+            add(
+                i, f"{key}[{j}].content", "is missing or empty; give every message its text (or drop the row)"
+            )
+            ok = False
+        elif "\x00" in content:
+            add(
+                i,
+                f"{key}[{j}].content",
+                f"has a NUL byte (\\x00) at character {content.index(chr(0))}; tokenizers and chat "
+                "templates mis-read it: remove it from the data",
+            )
             ok = False
         if role not in ROLES:
             add(
                 i,
                 f"{key}[{j}].role",
-                f"{role!r} is not one of {ROLES}",
-                "warning" if isinstance(role, str) else "error",
+                f"{role!r} is not a chat role; chat templates drop or refuse it: use one of {', '.join(ROLES)}",
             )
+            ok = False
     if ok and value[-1].get("role") == "assistant":
         add(i, key, "ends with an assistant message; generation would continue it", "warning")
     return value if ok else None
 
 
+def _as_mapping(value: Any) -> Any:
+    """A mapping column as a mapping: verl files may hold it as JSON text."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
 def check_rows(
-    rows: list[Any], report: CheckReport, prompt_key: str = "prompt", reward_fn_key: str = "data_source"
+    rows: list[Any],
+    report: CheckReport,
+    prompt_key: str = "prompt",
+    reward_fn_key: str = "data_source",
+    rules: RowRules | None = None,
 ) -> list[list[dict[str, str]] | None]:
-    from dapo.reward.scorers import scorer_for
+    """Add every row's problems to ``report``; returns each row's chat list (None when unusable).
+    ``rules`` (default: ``RowRules(prompt_key, reward_fn_key)``) says what the run needs."""
+    from dapo.reward.scorers import KNOWN_SOURCES, UnknownDataSourceError, ground_truth_problem, scorer_for
+
+    rules = rules or RowRules(prompt_key=prompt_key, reward_fn_key=reward_fn_key)
+    prompt_key, reward_fn_key = rules.prompt_key, rules.reward_fn_key
 
     def add(row: int | None, column: str, message: str, severity: str = "error") -> None:
         report.problems.append(Problem(row, column, message, severity))
 
     prompts: list[list[dict[str, str]] | None] = []
     seen_index: dict[Any, int] = {}
-    unknown_sources: dict[str, int] = {}
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             if row is not None:
@@ -167,39 +239,51 @@ def check_rows(
             continue
         prompts.append(_check_prompt(i, row.get(prompt_key), prompt_key, add) if prompt_key in row else None)
         if prompt_key not in row:
-            add(i, prompt_key, "column is missing")
+            add(i, prompt_key, "column is missing; set data.prompt_key if the chat list has another name")
 
         ds = row.get(reward_fn_key)
+        known = False
         if not isinstance(ds, str) or not ds.strip():
-            add(i, reward_fn_key, "is missing or empty; it selects the reward scorer")
+            add(i, reward_fn_key, "is missing or empty; it selects the reward scorer: set it on every row")
         else:
             report.data_sources[ds] += 1
-            try:
-                scorer_for(ds)
-            except NotImplementedError:
-                unknown_sources.setdefault(ds, i)
+            known = True
+            if rules.builtin_scorer:
+                try:
+                    scorer_for(ds)
+                except UnknownDataSourceError:
+                    known = False
+                    add(
+                        i,
+                        reward_fn_key,
+                        f"{ds!r} has no built-in scorer (built-in: {', '.join(KNOWN_SOURCES)}); set "
+                        "custom_reward_function.path to your reward function, or fix the data_source",
+                    )
 
-        rm = row.get("reward_model")
-        if isinstance(rm, str):
-            try:
-                rm = json.loads(rm)
-            except json.JSONDecodeError:
-                rm = None
+        rm = _as_mapping(row.get("reward_model"))
         if not isinstance(rm, dict):
-            add(i, "reward_model", "must be a mapping with ground_truth (and style)")
+            add(i, "reward_model", "must be a mapping like {'style': 'rule', 'ground_truth': '4'}")
         else:
             gt = rm.get("ground_truth")
             if gt is None or (isinstance(gt, str) and not gt.strip()):
-                add(i, "reward_model.ground_truth", "is missing or empty")
+                add(
+                    i,
+                    "reward_model.ground_truth",
+                    "is missing or empty; every row needs the reference answer",
+                )
             elif not isinstance(gt, str | dict | list | int | float):
                 add(i, "reward_model.ground_truth", f"has unexpected type {type(gt).__name__}")
+            elif rules.builtin_scorer and known:
+                why = ground_truth_problem(ds, gt, ground_truth_as_str=rules.ground_truth_as_str)
+                if why:
+                    add(i, "reward_model.ground_truth", why)
             style = rm.get("style")
             if style not in (None, "rule", "model") and not str(style).startswith("rule"):
                 add(i, "reward_model.style", f"{style!r} is not 'rule' or 'model'", "warning")
 
-        extra = row.get("extra_info")
+        extra = _as_mapping(row.get("extra_info"))
         if extra is not None and not isinstance(extra, dict):
-            add(i, "extra_info", f"must be a mapping, got {type(extra).__name__}")
+            add(i, "extra_info", f"must be a mapping (or null), got {type(extra).__name__}")
         elif isinstance(extra, dict) and extra.get("index") is not None:
             idx = extra["index"]
             if idx in seen_index:
@@ -213,13 +297,6 @@ def check_rows(
                 seen_index[idx] = i
         if "ability" not in row:
             add(i, "ability", "column is missing (informational only)", "warning")
-    for ds, first in unknown_sources.items():
-        add(
-            first,
-            reward_fn_key,
-            f"{ds!r} has no built-in scorer ({report.data_sources[ds]} rows); set custom_reward_function.path",
-            "warning",
-        )
     return prompts
 
 
@@ -258,7 +335,10 @@ def check_file(
     prompt_key: str = "prompt",
     max_prompt_length: int | None = None,
     reward_fn_key: str = "data_source",
+    rules: RowRules | None = None,
 ) -> CheckReport:
+    """Every problem of one data file (``rules`` replaces ``prompt_key`` and ``reward_fn_key``)."""
+    rules = rules or RowRules(prompt_key=prompt_key, reward_fn_key=reward_fn_key)
     p = Path(path).expanduser()
     report = CheckReport(str(p), max_prompt_length=max_prompt_length)
     rows = _load(p, report)
@@ -268,18 +348,44 @@ def check_file(
     if not rows:
         report.problems.append(Problem(None, "file", "has no rows"))
         return report
-    prompts = check_rows(rows, report, prompt_key, reward_fn_key)
+    prompts = check_rows(rows, report, rules=rules)
     _measure(prompts, report, tokenizer_dir)
     return report
 
 
+def refuse_bad_rows(files: list[str], rules: RowRules, files_key: str = "data.train_files") -> None:
+    """``dapo train``'s gate, before the model loads: raise a DataError naming the first error of
+    the first file that has one (file, row, field, what is wrong and how to fix it) and how many
+    more rows have errors, so that no row the run cannot score reaches a step. The files are read
+    as training reads them (a missing or unreadable file gets the loader's message)."""
+    from dapo.data.parquet import DataError, read_raw_rows
+
+    bad: list[CheckReport] = []
+    for path in files:
+        report = CheckReport(str(Path(path).expanduser()))
+        check_rows(read_raw_rows(path, rules.prompt_key), report, rules=rules)
+        if report.errors:
+            bad.append(report)
+    if not bad:
+        return
+    first = bad[0].errors[0]
+    more = sum(len(r.rows_with_errors()) for r in bad) - 1
+    tail = f"; and {more} more row{'s' if more != 1 else ''} with errors" if more > 0 else ""
+    raise DataError(
+        f"{files_key}: {bad[0].path} row {first.row}: {first.column} {first.message}{tail} "
+        f"(`dapo data check {bad[0].path}` lists every problem)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    report = check_file(
-        args.file,
-        tokenizer_dir=args.tokenizer,
+    rules = RowRules(
         prompt_key=args.prompt_key,
-        max_prompt_length=args.max_prompt_length,
         reward_fn_key=args.reward_fn_key,
+        builtin_scorer=not args.custom_reward,
+        ground_truth_as_str=args.ground_truth_as_str,
+    )
+    report = check_file(
+        args.file, tokenizer_dir=args.tokenizer, max_prompt_length=args.max_prompt_length, rules=rules
     )
     shown = report.problems if args.all else report.problems[: args.max_problems]
     for problem in shown:
@@ -314,6 +420,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-key", default="prompt", help="prompt column (data.prompt_key)")
     parser.add_argument(
         "--reward-fn-key", default="data_source", help="data source column (data.reward_fn_key)"
+    )
+    parser.add_argument(
+        "--custom-reward",
+        action="store_true",
+        help="the rows are scored by custom_reward_function.path: any data_source and ground truth goes",
+    )
+    parser.add_argument(
+        "--ground-truth-as-str",
+        action="store_true",
+        help="the run sets custom_reward_function.reward_kwargs.ground_truth_as_str=true (numbers compare as strings)",
     )
     parser.add_argument("--max-problems", type=int, default=50, help="print at most this many problems")
     parser.add_argument("--all", action="store_true", help="print every problem")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dapo.data.check import refuse_bad_rows, rules_from_config
 from dapo.data.parquet import DataError, read_rows
 
 
@@ -157,6 +158,16 @@ class PromptSampler:
         self.position = int(state["position"])
         self.served = int(state["served"])
         self._order = self._make_order(self.epoch)
+
+
+def refuse_bad_data(cfg: Any, train_files: Any, val_files: Any) -> None:
+    """Raise a DataError for the first row of the run's data that ``dapo data check`` flags as an
+    error under the run's reward settings (``dapo.data.check.rules_from_config``); it needs no
+    tokenizer, so a run refuses its data before it loads the model."""
+    rules = rules_from_config(cfg)
+    refuse_bad_rows(_files(train_files), rules, "data.train_files")
+    if val_files is not None:
+        refuse_bad_rows(_files(val_files), rules, "data.val_files")
 
 
 def build_prompt_data(

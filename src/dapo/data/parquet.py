@@ -41,8 +41,9 @@ def write_train_test(
     return train_path, test_path
 
 
-def read_rows(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
-    """All rows of a verl parquet file, checked for the columns training needs."""
+def read_raw_rows(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+    """The rows of a verl parquet file as stored, once the file is found readable and has the
+    columns training needs (``dapo.data.check`` then checks each row)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(
@@ -59,7 +60,13 @@ def read_rows(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, An
             f"'{prompt_key}' (chat list), 'data_source' and 'reward_model' with 'ground_truth' "
             f"(see `dapo preprocess` to convert your data; set data.prompt_key if the prompt column has another name)"
         )
-    rows = table.to_pylist()
+    return table.to_pylist()
+
+
+def read_rows(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+    """All rows of a verl parquet file, checked for the columns training needs."""
+    p = Path(path).expanduser()
+    rows = read_raw_rows(p, prompt_key)
     for i, row in enumerate(rows):
         row["prompt"] = _normalise_prompt(row.get(prompt_key), p, i, prompt_key)
         gt = row.get("reward_model") or {}

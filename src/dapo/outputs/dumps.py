@@ -47,8 +47,10 @@ def dump_generations(
     gts: Sequence[Any],
     scores: Sequence[float],
     reward_extra_infos: Mapping[str, Sequence[Any]] | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> tuple[Path, list[str]]:
-    """Write ``<dump_dir>/<step>.jsonl`` (overwriting it, as verl does).
+    """Write ``<dump_dir>/<step>.jsonl`` (overwriting it, as verl does). ``fields``: keys and
+    values added to every row (``{"trained": False}`` for the groups of a step that trained nothing).
 
     Returns the file and the extra keys left out because their length differs from the batch.
     """
@@ -73,6 +75,7 @@ def dump_generations(
             }
             for k, v in kept.items():
                 row[k] = _plain(v[i])
+            row.update(fields or {})
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return path, dropped
 
@@ -91,6 +94,7 @@ def dump_batch(
     tokenizer: Any,
     reward_extra_keys: Sequence[str] | None = None,
     score_key: str = "token_level_scores",
+    fields: Mapping[str, Any] | None = None,
 ) -> tuple[Path, list[str]]:
     """:func:`dump_generations` from a :class:`dapo.batch.Batch` (the trained batch, or validation's).
 
@@ -112,7 +116,7 @@ def dump_batch(
     scores = batch.tensors[score_key].sum(-1).tolist()
     keys = reward_extra_keys if reward_extra_keys is not None else ()
     extras = {k: list(batch.non_tensors[k]) for k in keys if k in batch.non_tensors}
-    return dump_generations(dump_dir, step, inputs, outputs, gts, scores, extras)
+    return dump_generations(dump_dir, step, inputs, outputs, gts, scores, extras, fields)
 
 
 def turn_keys(batch: Any) -> list[str]:

@@ -80,8 +80,8 @@ def round_info(info: dict[str, Any]) -> str:
         parts.append(groups)
     if info.get("filtered"):
         parts.append(f"filtered {info['filtered']}")
-    if info.get("skipped_prompts"):
-        parts.append(f"skipped {info['skipped_prompts']}")
+    if info.get("skipped_prompts"):  # draws: a step that skips most prompts draws each many times
+        parts.append(f"skipped {info['skipped_prompts']} draws")
     return " · ".join(parts)
 
 

@@ -122,7 +122,9 @@ LEGEND = (
     "             earlier step, waiting in the pool); their sum is the train batch",
     "  kept       groups kept this step; those beyond the batch wait in the pool",
     "  filtered   groups dropped: every response right / every response wrong",
-    "  skipped    prompts not rolled out: the prompt history marked them hopeless",
+    "  skipped    draws of a prompt not rolled out (the prompt history marked it",
+    "             hopeless); a step that skips most prompts draws its data many",
+    "             times over, and then says how many passes over how many prompts",
     "  acc(all)   fraction right over ALL responses generated this step (compare",
     "             this one with other trainers' accuracy)",
     "  acc(kept)  fraction right over the trained groups only: filtering keeps the",
@@ -170,9 +172,27 @@ def step_fields(step: int, metrics: Mapping[str, Any]) -> list[str]:
                 parts.append(f"filtered {right} right/{wrong} wrong")
             if not have.get(key):
                 continue  # skipping prompts is off, or skipped none
+            parts.append(skipped_field(have))
+            continue
         if key in have:
             parts.append(f"{label} {fmt.format(have[key])}")
     return parts
+
+
+def skipped_field(metrics: Mapping[str, Any]) -> str:
+    """``skipped N``; when the step drew more prompts than the pool holds (it skipped most of them
+    and passed over the data again), ``skipped N draws (P passes over M prompts)``, so a count
+    far above the data's size reads as what it is."""
+    skipped = int(metrics["dynamic_sampling/skipped_prompts"])
+    cov = "dynamic_sampling/coverage/"
+    if cov + "never_rolled_out" not in metrics or cov + "rolled_out_prompts" not in metrics:
+        return f"skipped {skipped}"
+    pool = int(metrics[cov + "rolled_out_prompts"] + metrics[cov + "never_rolled_out"])
+    drawn = skipped + int(metrics.get("dynamic_sampling/generated_groups", 0))
+    if pool <= 0 or drawn <= pool:
+        return f"skipped {skipped}"
+    passes = drawn / pool
+    return f"skipped {skipped} draws ({passes:.{1 if passes < 10 else 0}f} passes over {pool} prompts)"
 
 
 _VAR_NAMES = {"acc": "accuracy", "reward": "reward", "score": "score"}

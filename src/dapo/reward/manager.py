@@ -16,7 +16,8 @@ Safe scoring (``reward_model.scoring.mode``, the schema's ``ScoringConfig``):
 * ``inline``: everything runs in the trainer process: fastest, no hang protection.
 
 ``step_timeout_s`` bounds one call's scoring in worker processes: what has no result by then
-is a timeout. ``memory_limit_mb`` caps each worker's address space.
+is a timeout. By default (``auto``) the budget grows with the work, :func:`step_budget_s`.
+``memory_limit_mb`` caps each worker's address space.
 
 A failed sample (exception, timeout, dead worker) gets ``failure_score`` (default -1.0,
 no better than a wrong math_dapo answer, so a policy cannot profit from breaking the
@@ -55,6 +56,21 @@ def _as_block(value: Any, cls: type) -> Any:
     if value is None or isinstance(value, cls):
         return value
     return cls(**dict(value))
+
+
+def step_budget_s(scoring: ScoringConfig, worker_samples: int) -> float | None:
+    """Seconds one scoring call may spend in worker processes (None: no bound), for
+    ``worker_samples`` samples sent to workers (one per response and reward function):
+    ``reward_model.scoring.step_timeout_s`` when it is a number, no bound for 0 or null, and for
+    ``auto`` ``max(step_timeout_min_s, step_timeout_per_sample_s * worker_samples)``."""
+    budget = scoring.step_timeout_s
+    if budget == "auto":
+        return max(
+            float(scoring.step_timeout_min_s), float(scoring.step_timeout_per_sample_s) * worker_samples
+        )
+    if budget is None or float(budget) <= 0:
+        return None
+    return float(budget)
 
 
 def objective_name_problems(names: Sequence[str]) -> list[str]:
@@ -158,18 +174,21 @@ class _ObjectiveScorer:
         )
         self._inline_fn: Callable[..., Any] | None = self.fn
 
-    def _inline(self, sample_index: int) -> bool:
+    def _inline(self, sample: dict[str, Any]) -> bool:
         if self.ref is None or self.config.mode == "inline":
             return True
-        return self.config.mode == "auto" and self.is_builtin and is_inline_safe(self._sources[sample_index])
+        return self.config.mode == "auto" and self.is_builtin and is_inline_safe(sample["data_source"])
+
+    def worker_samples(self, samples: list[dict[str, Any]]) -> int:
+        """How many of ``samples`` this objective scores in worker processes."""
+        return sum(not self._inline(s) for s in samples)
 
     def score(
         self, samples: list[dict[str, Any]], counts: dict[str, int], deadline: float | None = None
     ) -> list[tuple[str, Any]]:
-        self._sources = [s["data_source"] for s in samples]
         out: list[tuple[str, Any] | None] = [None] * len(samples)
-        inline_idx = [i for i in range(len(samples)) if self._inline(i)]
-        pool_idx = [i for i in range(len(samples)) if not self._inline(i)]
+        inline_idx = [i for i in range(len(samples)) if self._inline(samples[i])]
+        pool_idx = [i for i in range(len(samples)) if not self._inline(samples[i])]
         if inline_idx:
             fn = self._inline_fn
             if fn is None:
@@ -346,12 +365,13 @@ class DAPORewardManager:
         return samples
 
     def __call__(self, batch: Any) -> RewardOutput:
-        t0 = time.perf_counter()
-        budget = self.scoring.step_timeout_s
-        deadline = None if budget is None else time.monotonic() + budget
+        t0, start = time.perf_counter(), time.monotonic()
         lengths = self._valid_lengths(batch)
         samples = self._samples(batch, lengths)
         n = len(samples)
+        budget = step_budget_s(self.scoring, sum(s.worker_samples(samples) for s in self._scorers))
+        # the budget starts with the call: decoding the responses is part of scoring them
+        deadline = None if budget is None else start + budget
         counts = {"timeouts": 0, "errors": 0, "worker_deaths": 0, "worker_restarts": 0}
         per_objective = [scorer.score(samples, counts, deadline) for scorer in self._scorers]
         failure = self.scoring.failure_score

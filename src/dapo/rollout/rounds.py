@@ -58,6 +58,7 @@ class GenerationRound:
             ctx.round_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl.value)
         else:
             batch.tensors["token_level_rewards"] = batch.tensors["token_level_scores"].clone()
+        ctx.last_round = batch
         return batch
 
     def stream(self, ctx: GenContext) -> RoundStream:

@@ -29,6 +29,8 @@ class GenContext:
     timer: Timer = field(default_factory=Timer)
     round_metrics: dict[str, float] = field(default_factory=dict)
     reward_extra_keys: list[str] = field(default_factory=list)  # the scorer's extra columns
+    # the latest round's scored groups: a step that trains nothing dumps them to show why
+    last_round: Any = None
 
     def add(self, key: str, value: float) -> None:
         self.round_metrics[key] = self.round_metrics.get(key, 0.0) + float(value)

@@ -28,7 +28,7 @@ from dapo.checkpoint.store import save_model_dir
 from dapo.config.load import to_yaml
 from dapo.config.pipeline import finalize_steps
 from dapo.config.schema import DapoConfig
-from dapo.data.dataset import build_prompt_data
+from dapo.data.dataset import build_prompt_data, refuse_bad_data
 from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.errors import check_nonfinite
 from dapo.model.loader import build_policy
@@ -80,6 +80,7 @@ class Trainer:
         self.run_dir = Path(tr.default_local_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         files = run_files(cfg, self.print)
+        refuse_bad_data(cfg, files.train_files, files.val_files)  # before the model loads
         self.model_path = files.model_path
         self.tokenizer, self.model, self.device = build_policy(
             cfg.actor_rollout_ref.model,
@@ -242,6 +243,10 @@ class Trainer:
             if sampled.action != "train" or sampled.batch is None or len(sampled.batch) == 0:
                 self.print(f"step {self.global_step}: no update (dynamic sampling: {sampled.action})")
                 metrics["training/skipped_step"] = 1.0
+                if self.cfg.trainer.rollout_data_dir and ctx.last_round is not None:
+                    # the filtered-out groups of the step's last round, to see why nothing trained
+                    keys = ctx.reward_extra_keys
+                    self._dump(self.cfg.trainer.rollout_data_dir, ctx.last_round, keys, {"trained": False})
                 return metrics
             batch = sampled.batch
             epoch = self.sampler.epoch  # the prefetch below may move it on
@@ -342,9 +347,12 @@ class Trainer:
         self._dump(self.cfg.trainer.validation_data_dir, batch, list(extra))
         return validation_metrics(batch, extra)
 
-    def _dump(self, out_dir: str | None, batch: Batch, reward_extra_keys: list[str]) -> None:
+    def _dump(
+        self, out_dir: str | None, batch: Batch, reward_extra_keys: list[str], fields: dict | None = None
+    ) -> None:
         if out_dir:
-            dump_batch(out_dir, self.global_step, batch, self.tokenizer, reward_extra_keys + turn_keys(batch))
+            keys = reward_extra_keys + turn_keys(batch)
+            dump_batch(out_dir, self.global_step, batch, self.tokenizer, keys, fields=fields)
 
     def _log(self, metrics: dict[str, Any], step: int) -> None:
         for t in self.trackers:

@@ -73,6 +73,51 @@ def scorer_for(data_source: str) -> Callable[..., Any]:
     )
 
 
+# the scorers that compare the ground truth as one string; math_equiv str()s a number first
+_STRING_GROUND_TRUTH = {gsm8k.compute_score: "gsm8k", math_dapo.compute_score: "math_dapo"}
+
+
+def ground_truth_problem(
+    data_source: str, ground_truth: Any, *, ground_truth_as_str: bool = False
+) -> str | None:
+    """Why the built-in scorer for ``data_source`` cannot grade ``ground_truth`` (None: it can),
+    with the fix. Such a row would score every answer wrong without an error, so the data is
+    refused up front (``dapo.data.check``). ``ground_truth_as_str``: the scorers' keyword
+    (``reward_kwargs.ground_truth_as_str``) that compares ``str(ground_truth)``.
+    Raises UnknownDataSourceError."""
+    fn = scorer_for(data_source)
+    gt = ground_truth
+    if fn is countdown.compute_score:
+        try:
+            countdown.parse_ground_truth(gt)
+        except (ValueError, TypeError) as exc:
+            return (
+                f"{exc} (got {type(gt).__name__} {_short(gt)}); "
+                'store it as {"target": 24, "numbers": [3, 4, 6, 1]} or that JSON as a string'
+            )
+        return None
+    name = _STRING_GROUND_TRUTH.get(fn, "math_equiv")
+    if isinstance(gt, list | tuple | dict):
+        return (
+            f"is a {type(gt).__name__} {_short(gt)}; the {name} scorer for data_source {data_source!r} "
+            "compares the answer with one string, so every response would score wrong: store the "
+            'reference answer as a string (e.g. "4", not ["4"]), or score such rows with '
+            "custom_reward_function.path"
+        )
+    if not isinstance(gt, str) and fn in _STRING_GROUND_TRUTH and not ground_truth_as_str:
+        return (
+            f"is a {type(gt).__name__} ({gt!r}); the {name} scorer needs a string (verl's fails or "
+            'scores it wrong): store it as a string (e.g. "4"), or set '
+            "custom_reward_function.reward_kwargs.ground_truth_as_str=true"
+        )
+    return None
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def scorer_notes(data_sources: Iterable[str]) -> list[str]:
     """One console line per grading rule of ours that a verl user would not expect, for the
     built-in scorers these data sources route to (said once, before training)."""
@@ -126,6 +171,7 @@ __all__ = [
     "KNOWN_SOURCES",
     "UnknownDataSourceError",
     "default_compute_score",
+    "ground_truth_problem",
     "is_inline_safe",
     "scorer_for",
 ]
