@@ -56,12 +56,12 @@ def _fit_terminal(line: str, stream) -> str:
     return textwrap.fill(line, width=shutil.get_terminal_size().columns - 1, subsequent_indent="  ")
 
 
-def _load(args: argparse.Namespace, warn: bool = True):
+def _load(args: argparse.Namespace, warn: bool = True, extra_rules: tuple = ()):
     """The config of a command line as given and as the run uses it (built once, every rule
-    checked: dapo.run_config); every problem is reported at once."""
+    checked: dapo.run_config, and ``extra_rules``); every problem is reported at once."""
     from dapo.run_config import build_run_config
 
-    run = build_run_config(args.overrides, preset=args.config_name)
+    run = build_run_config(args.overrides, preset=args.config_name, extra_rules=extra_rules)
     if warn:
         for w in run.warnings:
             print(_fit_terminal(f"note: {w}", sys.stderr), file=sys.stderr)
@@ -69,7 +69,10 @@ def _load(args: argparse.Namespace, warn: bool = True):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded, cfg = _load(args)
+    from dapo.config.machine import machine_problems
+
+    # the data files, model and device are checked on this machine, except when explaining keys
+    loaded, cfg = _load(args, extra_rules=() if args.explain is not None else (machine_problems,))
     if args.explain is not None:
         from dapo.config.explain import explain
 

@@ -41,8 +41,11 @@ COMPONENT_RULES: tuple[Rule, ...] = tuple(_rule(m) for m in RULE_MODULES)
 
 
 def build_run_config(
-    overrides: Sequence[str] | None = None, preset: str | None = DEFAULT_PRESET
+    overrides: Sequence[str] | None = None,
+    preset: str | None = DEFAULT_PRESET,
+    extra_rules: Sequence[Rule] = (),
 ) -> RunConfig:
     """The run's configuration (``RunConfig.cfg`` is what the trainer takes); raises
-    ``dapo.config.load.ConfigError`` naming every problem."""
-    return build_config(overrides, preset, rules=COMPONENT_RULES)
+    ``dapo.config.load.ConfigError`` naming every problem. ``extra_rules`` are checked with the
+    components' (``dapo validate`` adds this machine's files and devices)."""
+    return build_config(overrides, preset, rules=(*COMPONENT_RULES, *extra_rules))

@@ -1,99 +1,255 @@
 """verl keys dapo accepts but does not implement, and other trainers' names for dapo's keys.
 
-``UNIMPLEMENTED`` is the one list of verl keys that are read by nothing here. Setting one to a
-value other than its default gets a warning naming the key, or an error where ignoring it
-would silently change what is trained. A key leaves the list when it is implemented.
+The accepted-and-ignored verl keys are data: ``verl_ignored.yaml`` beside this module, in groups
+that share a reason. A group without ``accept`` is named in one warning when the user sets one of
+its keys; a group with ``accept`` refuses every other value, because ignoring it would change
+what is trained. Keys of dapo's schema are named only when they differ from their default; keys
+outside the schema are dropped when the configuration loads (``dapo.config.load``) and named
+whenever the user sets them. Only keys the user set (command line or their own yaml file) are
+named, never a preset's.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from dapo.config.schema import DapoConfig
 
-_LOGPROB = "the reference log-prob pass uses actor_rollout_ref.rollout's log-prob settings"
+IGNORED_FILE = "verl_ignored.yaml"
+
+
+@dataclass(frozen=True)
+class IgnoredGroup:
+    """verl keys ignored for one reason; ``accept`` (when given) lists the values allowed."""
+
+    why: str
+    keys: tuple[str, ...]
+    accept: tuple[Any, ...] | None = None
+
+    @property
+    def reject(self) -> bool:
+        return self.accept is not None
+
+    def matches(self, key: str) -> bool:
+        parts = key.split(".")
+        return any(_match(p.split("."), parts) for p in self.keys)
 
 
 @dataclass(frozen=True)
 class Unimplemented:
+    """A key of dapo's schema that nothing reads (its group's reason and accepted values)."""
+
     why: str
-    # True: a non-default value is an error (ignoring it would change the results)
     reject: bool = False
     # values other than the default that mean what dapo does anyway
     same_as_default: tuple[Any, ...] = ()
 
 
-UNIMPLEMENTED: dict[str, Unimplemented] = {
-    "data.return_raw_chat": Unimplemented("prompts are always tokenized here; the raw chat is kept anyway"),
-    "data.validation_shuffle": Unimplemented("validation always runs in file order"),
-    "data.dataloader_num_workers": Unimplemented("prompts are read in the trainer process"),
-    "data.trust_remote_code": Unimplemented("use actor_rollout_ref.model.trust_remote_code"),
-    "actor_rollout_ref.hybrid_engine": Unimplemented("the actor always generates its own rollouts"),
-    "actor_rollout_ref.actor.strategy": Unimplemented(
-        "only fsdp (torch FSDP2) is implemented", reject=True, same_as_default=("fsdp2",)
-    ),
-    "actor_rollout_ref.actor.checkpoint.save_contents": Unimplemented(
-        "checkpoints always hold the model, optimizer and trainer state"
-    ),
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": Unimplemented(_LOGPROB),
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": Unimplemented(_LOGPROB),
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Unimplemented(_LOGPROB),
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": Unimplemented(_LOGPROB),
-    "actor_rollout_ref.ref.fsdp_config.param_offload": Unimplemented(
-        "the reference model follows the actor's"
-    ),
-    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": Unimplemented(
-        "the reference model has no optimizer"
-    ),
-    "actor_rollout_ref.ref.fsdp_config.fsdp_size": Unimplemented(
-        "the reference model follows the actor's mesh"
-    ),
-    "actor_rollout_ref.ref.fsdp_config.model_dtype": Unimplemented("the reference model follows the actor's"),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Unimplemented(
-        "no simulated-user interactions; tools only", reject=True
-    ),
-    "actor_rollout_ref.rollout.mode": Unimplemented("generation is synchronous (the hf engine)"),
-    "actor_rollout_ref.rollout.calculate_log_probs": Unimplemented(
-        "the sampler's log-probs are always kept (they cost nothing here)"
-    ),
-    "algorithm.lam": Unimplemented("only used by gae, which needs a critic; dapo is critic-free"),
-    "algorithm.rollout_correction.loss_type": Unimplemented(
-        "only used with bypass_mode; the policy loss is actor_rollout_ref.actor.policy_loss.loss_mode"
-    ),
-    "reward_model.enable": Unimplemented(
-        "no learned reward model: rewards come from reward functions", reject=True
-    ),
-    "reward_model.use_reward_loop": Unimplemented("rewards are scored in the trainer's own pool"),
-    "reward_model.launch_reward_fn_async": Unimplemented("rewards are scored in the trainer's own pool"),
-    "trainer.log_val_generations": Unimplemented(
-        "set trainer.validation_data_dir to dump every validation generation"
-    ),
-    "trainer.critic_warmup": Unimplemented("dapo is critic-free"),
-}
+def _match(pattern: list[str], key: list[str]) -> bool:
+    if not pattern:
+        return not key
+    if pattern[0] == "**":
+        return any(_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
+    return bool(key) and fnmatchcase(key[0], pattern[0]) and _match(pattern[1:], key[1:])
+
+
+@cache
+def ignored_groups() -> tuple[IgnoredGroup, ...]:
+    """The groups of ``verl_ignored.yaml``, in file order."""
+    import yaml
+
+    text = (resources.files("dapo.config") / IGNORED_FILE).read_text(encoding="utf-8")
+    groups = []
+    for entry in yaml.safe_load(text):
+        accept = entry.get("accept")
+        groups.append(
+            IgnoredGroup(
+                why=str(entry["why"]),
+                keys=tuple(str(k) for k in entry["keys"]),
+                accept=None if accept is None else tuple(accept),
+            )
+        )
+    return tuple(groups)
+
+
+@cache
+def _schema_defaults() -> Any:
+    """The schema's defaults (read only)."""
+    return OmegaConf.structured(DapoConfig)
+
+
+def _in_schema(defaults: Any, key: str) -> bool:
+    return OmegaConf.select(defaults, key, default="\0missing") != "\0missing"
+
+
+@cache
+def _schema_entries() -> dict[str, tuple[int, IgnoredGroup]]:
+    """Keys of dapo's schema that a group lists by name -> (group index, group)."""
+    defaults = _schema_defaults()
+    out: dict[str, tuple[int, IgnoredGroup]] = {}
+    for i, g in enumerate(ignored_groups()):
+        for key in g.keys:
+            if "*" not in key and key not in out and _in_schema(defaults, key):
+                out[key] = (i, g)
+    return out
+
+
+def ignored_key_names() -> list[str]:
+    """The accepted verl keys named in full (no wildcard), for suggestions."""
+    return [k for g in ignored_groups() for k in g.keys if "*" not in k]
+
+
+@cache
+def _group_index(key: str) -> int | None:
+    return next((i for i, g in enumerate(ignored_groups()) if g.matches(key)), None)
+
+
+def ignored_group(key: str) -> IgnoredGroup | None:
+    """The group that accepts ``key`` (a key outside dapo's schema), or None: an unknown key."""
+    i = _group_index(key)
+    return None if i is None else ignored_groups()[i]
+
+
+@cache
+def unimplemented() -> dict[str, Unimplemented]:
+    """The keys of dapo's schema that nothing reads (``--explain`` marks them)."""
+    defaults = _schema_defaults()
+    out = {}
+    for key, (_, g) in _schema_entries().items():
+        default = OmegaConf.select(defaults, key)
+        same = tuple(v for v in (g.accept or ()) if v != default)
+        out[key] = Unimplemented(g.why, reject=g.reject, same_as_default=same)
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    # UNIMPLEMENTED is built on first use, so importing the config package stays quick
+    if name == "UNIMPLEMENTED":
+        return unimplemented()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass
+class UserKeys:
+    """What the user wrote, as opposed to what a preset set: every key given on the command line or
+    in the user's own yaml file. ``set`` holds the keys of dapo's schema (after verl's aliases);
+    ``ignored`` the accepted verl keys outside it, with the values given, in order."""
+
+    set: set[str] = field(default_factory=set)
+    ignored: dict[str, Any] = field(default_factory=dict)
+
+    def touched(self, key: str) -> bool:
+        """True when the user set ``key``, a key under it or a block holding it."""
+        return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in self.set)
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, bool | type(None)) else str(value)
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, bool | type(None) | Mapping | list | tuple):
+        return json.dumps(value, default=str)
+    return str(value)
 
 
-def unimplemented_problems(cfg: Any) -> tuple[list[str], list[str]]:
-    """(errors, warnings) for unimplemented keys set to something other than their default."""
-    defaults = OmegaConf.structured(DapoConfig)
-    errors, warnings = [], []
-    for key, u in UNIMPLEMENTED.items():
+def _accepted(value: Any, accept: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``accept``; true, false and null only match themselves (not 1, 0)."""
+
+    def same(a: Any) -> bool:
+        if isinstance(value, bool | type(None)) or isinstance(a, bool | type(None)):
+            return value is a
+        return value == a
+
+    return any(same(a) for a in accept)
+
+
+def unimplemented_problems(cfg: Any, user: UserKeys | None = None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for the accepted-and-ignored verl keys of ``cfg`` (as loaded) and of
+    ``user`` (None: every key counts as the user's). Errors: a key of a refusing group at a value
+    it does not accept, wherever it was set. Warnings: one per group, naming each key the user set
+    that has no effect (a schema key only when it differs from its default)."""
+    defaults = _schema_defaults()
+    groups = ignored_groups()
+    errors: list[str] = []
+    named: dict[int, list[tuple[str, str]]] = {}
+    for key, (i, g) in _schema_entries().items():
         value, default = OmegaConf.select(cfg, key), OmegaConf.select(defaults, key)
-        if value == default or value in u.same_as_default:
+        if value == default or (g.accept is not None and _accepted(value, g.accept)):
             continue
-        msg = f"{key}={_fmt(value)} is accepted for verl compatibility but not implemented: {u.why}"
-        if u.reject:
-            errors.append(f"{msg}; remove it (or set {key}={_fmt(default)})")
-        else:
-            warnings.append(f"{msg}; it has no effect")
+        if g.reject:
+            errors.append(_refusal(key, value, g, default))
+        elif user is None or user.touched(key):
+            named.setdefault(i, []).append((key, f"{key}={_fmt(value)}"))
+    for key, value in (user.ignored if user else {}).items():
+        i = _group_index(key)
+        assert i is not None, key  # the loader records only keys a group accepts
+        g = groups[i]
+        if g.accept is None:
+            named.setdefault(i, []).append((key, f"{key}={_fmt(value)}"))
+        elif not _accepted(value, g.accept):
+            errors.append(_refusal(key, value, g, g.accept[0]))
+    warnings = []
+    for i in sorted(named):
+        keys = _compact(named[i])
+        verb = "is" if len(keys) == 1 and not keys[0].endswith(" keys)") else "are"
+        warnings.append(
+            f"{', '.join(keys)} {verb} accepted for verl compatibility and ignored: {groups[i].why}"
+        )
     return errors, warnings
+
+
+BLOCK = 4  # this many keys of one verl-only block in one note are named as the block
+SAME_NAME = 8  # this many keys with one last part (verl's _target_ in every block) are named as one
+
+# a note's entry: the key (or what it stands for), its text, how many keys it names
+_Entry = tuple[str, str, int]
+
+
+def _compact(entries: list[tuple[str, str]]) -> list[str]:
+    """``key=value`` texts, with every block that dapo's schema lacks and that holds BLOCK or
+    more of them named once as ``block.* (N keys)``, and then every last part that SAME_NAME or
+    more keys share as ``**.part (N keys)``, so that a pasted verl config lists neither the whole
+    critic block nor every ``_target_`` key by key."""
+    defaults = _schema_defaults()
+    items: list[_Entry] = [(key, text, 1) for key, text in entries]
+    while True:
+        parents = Counter(key.rsplit(".", 1)[0] for key, _, _ in items if "." in key)
+        block = next((b for b, n in parents.items() if n >= BLOCK and not _in_schema(defaults, b)), None)
+        if block is None:
+            break
+        items = _merge(items, lambda key, b=block: key.startswith(b + "."), f"{block}.*")
+    while True:
+        parts = Counter(key.rsplit(".", 1)[-1] for key, _, n in items if n == 1)
+        part = next((t for t, n in parts.items() if n >= SAME_NAME), None)
+        if part is None:
+            break
+        items = _merge(items, lambda key, t=part: key.rsplit(".", 1)[-1] == t, f"**.{part}")
+    return [text for _, text, _ in items]
+
+
+def _merge(items: list[_Entry], member: Callable[[str], bool], name: str) -> list[_Entry]:
+    """The entries with those ``member`` accepts replaced, where the first was, by one for all."""
+    inside = [i for i, (key, _, _) in enumerate(items) if member(key)]
+    total = sum(items[i][2] for i in inside)
+    merged = (name, f"{name} ({total} keys)", total)
+    return [
+        merged if i == inside[0] else it for i, it in enumerate(items) if i == inside[0] or i not in inside
+    ]
+
+
+def _refusal(key: str, value: Any, g: IgnoredGroup, default: Any) -> str:
+    return (
+        f"{key}={_fmt(value)} is accepted for verl compatibility but not implemented: {g.why}; "
+        f"remove it (or set {key}={_fmt(default)})"
+    )
 
 
 # other trainers' names (TRL's GRPOConfig, OpenRLHF's arguments) -> dapo's key

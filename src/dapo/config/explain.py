@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dapo.config.compat import UNIMPLEMENTED
+from dapo.config.compat import unimplemented
 from dapo.config.schema import DapoConfig
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+(=|$)")
@@ -74,7 +74,7 @@ def explain(loaded: DictConfig, resolved: Any, prefix: str = "") -> str:
         given = OmegaConf.select(loaded, key)
         note = "" if _fmt(given) == _fmt(value) else f" (set {_fmt(given)}, resolved)"
         lines.append(f"{key} = {_fmt(value)}{note}   [default {_fmt(default)}]")
-        u = UNIMPLEMENTED.get(key)
+        u = unimplemented().get(key)
         lines.append(f"    {doc}" + (f" [accepted, not implemented: {u.why}]" if u else ""))
     if not lines:
         raise KeyError(prefix)

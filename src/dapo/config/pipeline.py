@@ -2,8 +2,8 @@
 
 ``build_config`` is the one way a run's configuration is made (``dapo validate``, ``dapo
 train`` and ``dapo eval`` all call it): the schema's defaults, the preset and the ``key=value``
-overrides are merged with verl's aliases read into their one key (``dapo.config.load``); every
-rule is checked at once, the configuration's own (``dapo.config.validate``) and those the
+overrides are merged with verl's aliases read into their one key and the verl keys dapo accepts
+and ignores set aside (``dapo.config.load``, ``dapo.config.compat``); every rule is checked at once, the configuration's own (``dapo.config.validate``) and those the
 components hand in as ``rules`` (the names they register, the files they read: see
 ``dapo.run_config``); every null-means-X key is filled (``dapo.config.resolve``); and the result
 is the schema's typed dataclasses. So a configuration that validates cannot fail later on a
@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from dapo.config.compat import UserKeys, unimplemented_problems
 from dapo.config.load import DEFAULT_PRESET, ConfigError, load_config
 from dapo.config.resolve import count_train_rows, finalize_steps, resolve, typed
 from dapo.config.schema import DapoConfig
@@ -37,7 +38,8 @@ class RunConfig:
     """What ``build_config`` makes. ``cfg`` is what the run uses (resolved, typed; nothing
     writes to it); ``loaded`` is the configuration as given (preset and overrides merged,
     nothing derived), which ``--explain`` and the warnings compare it with; ``warnings`` are the
-    settings that run but may surprise (``dapo.config.validate.config_warnings``)."""
+    verl keys the user set that are accepted and ignored (``dapo.config.compat``) and the settings
+    that run but may surprise (``dapo.config.validate.config_warnings``)."""
 
     cfg: DapoConfig
     loaded: DictConfig
@@ -51,12 +53,16 @@ def build_config(
 ) -> RunConfig:
     """The run's configuration. Raises ``ConfigError`` listing every problem at once."""
     problems: list[str] = []
-    loaded = load_config(list(overrides or []), preset=preset, problems=problems)
+    user = UserKeys()
+    loaded = load_config(list(overrides or []), preset=preset, problems=problems, user=user)
     problems += validate(loaded)
+    # verl keys accepted but not implemented: refused values, and notes on the keys the user set
+    refused, notes = unimplemented_problems(loaded, user)
+    problems += refused
     for rule in rules:
         problems += rule(loaded)
     if problems:
         raise ConfigError(problems)
     # the step count is known now when the parquet footers tell the number of rows
     resolved = resolve(loaded, num_train_rows=count_train_rows(loaded))
-    return RunConfig(typed(resolved), loaded, tuple(config_warnings(loaded, resolved)))
+    return RunConfig(typed(resolved), loaded, (*notes, *config_warnings(loaded, resolved)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.config import sampling as sampling_cfg
-from dapo.config.compat import unimplemented_problems
 from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -208,7 +207,6 @@ def validate(cfg: Any) -> list[str]:
     )
     if tr.worker_backend == "process" and tr.nnodes > 1:
         p.append("trainer.worker_backend=process runs on one node; use ray (or auto) with trainer.nnodes > 1")
-    p.extend(unimplemented_problems(cfg)[0])
     p.extend(_sequence_parallel_problems(cfg))
     return p
 
@@ -277,8 +275,9 @@ def overlong_problems(ob: Any, max_len: int, max_key: str) -> list[str]:
 
 def config_warnings(cfg: Any, resolved: Any) -> list[str]:
     """Settings that run but may not do what a newcomer expects, each naming the key: ``cfg`` as
-    loaded (it tells a key the user set from a derived one), ``resolved`` what the run uses."""
-    out = list(unimplemented_problems(cfg)[1])
+    loaded (it tells a key the user set from a derived one), ``resolved`` what the run uses. The
+    notes on accepted-but-unimplemented verl keys are ``dapo.config.compat``'s."""
+    out: list[str] = []
     data, fg = cfg.data, cfg.algorithm.filter_groups
     gbs = data.gen_batch_size
     if not fg.enable and gbs is not None and gbs != data.train_batch_size:

@@ -1,0 +1,165 @@
+"""`dapo validate` checks on this machine what it can without running: the data files exist and
+are parquet with the prompt column (footer only), the model path is a model directory, and the
+device asked for is here. One line per problem, naming the key and the path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dapo.config.machine
+from dapo.cli import main
+
+
+def _validate(capsys, *args: str) -> tuple[int, list[str]]:
+    rc = main(["validate", *args])
+    err = capsys.readouterr().err
+    return rc, [line.strip().removeprefix("- ") for line in err.splitlines()]
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend this machine has ``n`` CUDA devices."""
+
+    def set_count(n: int) -> None:
+        monkeypatch.setattr(dapo.config.machine, "cuda_device_count", lambda: n)
+
+    return set_count
+
+
+def _parquet(path, **columns):
+    pq.write_table(pa.table(columns or {"prompt": ["q"] * 20}), path)
+    return path
+
+
+def _model(path):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return path
+
+
+def test_every_file_and_device_problem_at_once(tmp_path, capsys, gpus):
+    gpus(0)
+    good = _parquet(tmp_path / "good.parquet")
+    text = tmp_path / "notes.parquet"
+    text.write_text("not a parquet file\n")
+    rc, lines = _validate(
+        capsys,
+        f"data.train_files={tmp_path}/missing.parquet",
+        f"data.val_files=[{good},{text},{tmp_path}]",
+        f"actor_rollout_ref.model.path={tmp_path}/no_model",
+        "trainer.device=cuda",
+    )
+    assert rc == 2
+    problems = [line for line in lines if line.startswith(("data.", "actor_rollout_ref.", "trainer."))]
+    assert problems == [
+        f"data.train_files: {tmp_path}/missing.parquet does not exist; point the key at a verl parquet file "
+        "(`dapo preprocess` converts jsonl, json and csv files)",
+        problems[1],
+        f"data.val_files: {tmp_path} is a directory; name the parquet file(s) in it (a list: [a.parquet,b.parquet])",
+        f"actor_rollout_ref.model.path: {tmp_path}/no_model does not exist; point it at a Hugging Face model "
+        "directory, or null for the built-in tiny model",
+        "trainer.device=cuda: this machine has no CUDA device (torch.cuda.is_available() is false); set "
+        "trainer.device=cpu, or validate on the machine that trains",
+    ]
+    assert problems[1].startswith(f"data.val_files: {text} is not a parquet file (")
+
+
+def test_good_files_validate_and_only_the_footer_is_read(tmp_path, capsys, monkeypatch):
+    data = _parquet(tmp_path / "train.parquet")
+    model = _model(tmp_path / "model")
+
+    def no_rows(*args, **kwargs):
+        raise AssertionError("dapo validate read the rows of a data file")
+
+    monkeypatch.setattr(pq, "read_table", no_rows)
+    monkeypatch.setattr(pq.ParquetFile, "read", no_rows)
+    rc, lines = _validate(
+        capsys, f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}"
+    )
+    assert rc == 0 and any("configuration OK" in line for line in lines)
+
+
+def test_the_prompt_column_must_be_in_the_file(tmp_path, capsys):
+    data = _parquet(tmp_path / "qa.parquet", question=["q"] * 20, answer=["a"] * 20)
+    rc, lines = _validate(capsys, f"data.train_files={data}")
+    assert rc == 2
+    assert (
+        f"data.train_files: {data} has no column 'prompt' (data.prompt_key; its columns: question, answer); "
+        in (lines[0].removeprefix("dapo: invalid configuration: "))
+    )
+    assert main(["validate", f"data.train_files={data}", "data.prompt_key=question"]) == 0
+
+
+def test_a_model_path_must_be_a_model_directory(tmp_path, capsys):
+    empty = tmp_path / "weights"
+    empty.mkdir()
+    rc, lines = _validate(capsys, f"actor_rollout_ref.model.path={empty}")
+    assert (
+        rc == 2 and f"actor_rollout_ref.model.path: {empty} is not a Hugging Face model directory" in lines[0]
+    )
+    # a hub name is not downloaded: the line says how to get it
+    rc, lines = _validate(capsys, "actor_rollout_ref.model.path=Qwen/Qwen2.5-32B")
+    assert rc == 2 and "huggingface-cli download Qwen/Qwen2.5-32B --local-dir DIR" in lines[0]
+    rc, lines = _validate(capsys, f"actor_rollout_ref.model.tokenizer_path={tmp_path}/tok")
+    assert (
+        rc == 2 and f"actor_rollout_ref.model.tokenizer_path: {tmp_path}/tok is not a directory" in lines[0]
+    )
+    # null (the built-in tiny model) and a real model directory are fine
+    assert main(["validate", "actor_rollout_ref.model.path=null"]) == 0
+    assert main(["validate", f"actor_rollout_ref.model.path={_model(tmp_path / 'm')}"]) == 0
+
+
+def test_cuda_must_be_here_and_hold_a_node_of_gpus(capsys, gpus):
+    gpus(2)
+    assert main(["validate", "trainer.device=cuda", "trainer.n_gpus_per_node=2"]) == 0
+    capsys.readouterr()
+    rc, lines = _validate(capsys, "trainer.device=cuda", "trainer.n_gpus_per_node=4")
+    assert rc == 2
+    assert (
+        "trainer.n_gpus_per_node=4: this machine has 2 CUDA device(s); set trainer.n_gpus_per_node=2 or fewer"
+        in (lines)
+    )
+    # the other nodes are not this machine's to check
+    ok = [
+        "trainer.device=cuda",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+        "trainer.worker_backend=ray",
+    ]
+    ok.append("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")  # 128 trajectories over 16 ranks
+    assert main(["validate", *ok]) == 0
+
+
+def test_cpu_runs_never_ask_torch_for_cuda(capsys, monkeypatch):
+    def probe():
+        raise AssertionError("asked for CUDA devices on a CPU run")
+
+    monkeypatch.setattr(dapo.config.machine, "cuda_device_count", probe)
+    assert main(["validate"]) == 0
+    code = "import sys, dapo.config.machine; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        == "False\n"
+    )
+
+
+def test_the_dapo_preset_on_a_cpu_machine_names_its_missing_files_and_device(
+    capsys, gpus, monkeypatch, tmp_path
+):
+    gpus(0)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rc, lines = _validate(capsys, "-c", "dapo")
+    assert rc == 2
+    keys = [line.split(":")[0].split("=")[0] for line in lines[1:]]
+    assert keys == ["data.train_files", "data.val_files", "trainer.device"]
+    assert "~/data/dapo-math-17k.parquet does not exist" in lines[1]
+
+
+def test_explaining_keys_checks_no_files(capsys):
+    assert main(["validate", "--explain", "data.train_files", "data.train_files=/no/such.parquet"]) == 0
