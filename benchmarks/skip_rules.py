@@ -49,7 +49,8 @@ def row(rule: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rule": rule,
         "seed": seed,
-        "gen_vs_verl": ours["generated_groups_per_trained_group"] / verl["generated_groups_per_trained_group"],
+        "gen_vs_verl": ours["generated_groups_per_trained_group"]
+        / verl["generated_groups_per_trained_group"],
         "qualified_after_warmup": ours["qualified_ratio"],
         "learnable_coverage": ours["learnable_coverage"],
         "coverage_vs_verl": ours["learnable_coverage"] / verl["learnable_coverage"],
