@@ -35,16 +35,15 @@ class SkipPolicy:
         self.rng = rng  # the batcher's generator: skipping draws from it in the batcher's order
         self.history = self.new_history()
         self.prob = float(cfg.skip.init_prob)  # the streak rule's controller
-        # prompts skipped this step whose last group had spread (the batcher clears it per step)
-        self.spread_skips: set[int] = set()
-        # the rest of a pass this step skipped whole, at the version that judged it: later draws at
-        # that version fill from it instead of walking the pool again (the batcher clears it per step)
-        self.skipped_pass: tuple[int, dict[int, dict]] | None = None
+        self.new_step()
 
     def new_step(self) -> None:
         """Forget the per-step state (the batcher calls it before each step's first draw)."""
-        self.spread_skips = set()
-        self.skipped_pass = None
+        # prompts skipped this step whose last group had spread
+        self.spread_skips: set[int] = set()
+        # the rest of a pass this step skipped whole, at the version that judged it: later draws at
+        # that version fill from it instead of walking the pool again
+        self.skipped_pass: tuple[int, dict[int, dict]] | None = None
 
     @property
     def active(self) -> bool:
@@ -108,10 +107,9 @@ class SkipPolicy:
                     skipped += 1 - len(filled)  # this row is not rolled out; the filled ones are
                     self.spread_skips.difference_update(filled)
                     if whole:
-                        self.skipped_pass = (
-                            version,
-                            {i: r for i, r in passed.items() if i not in set(filled)},
-                        )
+                        for i in filled:
+                            del passed[i]
+                        self.skipped_pass = (version, passed)
                     passed = {}
                     continue
                 self.history.explored = False
@@ -129,10 +127,9 @@ class SkipPolicy:
         return chosen, skipped
 
     def _fill(self, passed: dict[int, dict], need: int, version: int) -> list[int]:
-        """The ``need`` skipped prompts likeliest to spread (ties: in the order they were drawn)."""
-        order = {i: pos for pos, i in enumerate(passed)}
-        ranked = sorted(passed, key=lambda i: (self.history.zero_spread_prob(i, version, self.n), order[i]))
-        return ranked[:need]
+        """The ``need`` skipped prompts likeliest to spread (ties: in the order they were drawn,
+        which ``sorted`` keeps)."""
+        return sorted(passed, key=lambda i: self.history.zero_spread_prob(i, version, self.n))[:need]
 
     def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool, version: int) -> bool:
         sc = self.cfg.skip
