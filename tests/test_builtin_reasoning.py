@@ -237,7 +237,8 @@ def test_reasoning_preset_runs_on_the_task(tmp_path, monkeypatch, task):
     # chain prompts (chat tokens + "dd 1)+d ... =") are 40+ tokens; arithmetic prompts are ~10
     assert m["prompt_length/min"] >= 40 and m["prompt_length/max"] <= 80
     assert m["response_length/max"] <= 256
-    data = next((tmp_path / "cache" / "data").iterdir())
+    # the cache keeps a hidden ``.<name>.lock`` beside each built folder
+    (data,) = [p for p in (tmp_path / "cache" / "data").iterdir() if not p.name.startswith(".")]
     assert data.name.startswith(f"{task}-")
     import pyarrow.parquet as pq
 
