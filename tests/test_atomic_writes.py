@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dapo import atomic
+from dapo.atomic import WriteError
 from dapo.checkpoint.manifest import CheckpointError
 from dapo.cli import main
 from dapo.errors import DapoError
-from dapo.outputs import atomic, dumps, rundir, tracking
-from dapo.outputs.atomic import WriteError
+from dapo.outputs import dumps, rundir, tracking
 from runs import small_run_args
 
 torch.set_num_threads(1)

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("algo",),
     ("checkpoint", "outputs"),
     ("config",),
+    ("atomic",),
     ("batch", "errors"),
 ]
 _MODULE_PATH = re.compile(r"dapo(\.[a-z_][a-z0-9_]*)+")

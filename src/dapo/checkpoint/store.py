@@ -32,13 +32,14 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 
+from dapo.atomic import WriteError, write_text
 from dapo.checkpoint import space as checkpoint_space
 from dapo.checkpoint.manifest import (
     FORMAT_VERSION,
@@ -90,6 +91,8 @@ _TENSOR_TAG = "__torch_tensor__"
 TENSORS_FILE = "trainer_tensors.pt"
 
 Warn = Callable[[str], None]
+
+RESUME_HINT = "The checkpoints are complete; run the same command again to resume from the newest"
 
 
 def _warn(msg: str) -> None:
@@ -324,23 +327,10 @@ def _remove_stale_tmp(run_dir: Path, prefix: str = CKPT_PREFIX) -> None:
 def _write_atomic(path: Path, text: str, fsync: bool = True) -> None:
     """``text`` as ``path`` in one rename; a failed write leaves no temporary file and raises
     CheckpointError naming the file (the checkpoints themselves are whole either way)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError):
-            raise CheckpointError(
-                f"cannot write {path}: {e.strerror or e}; free space on that disk (or make it writable). "
-                "The checkpoints are complete; run the same command again to resume from the newest"
-            ) from e
-        raise
+        write_text(path, text, fsync=fsync, then=RESUME_HINT)
+    except WriteError as e:
+        raise CheckpointError(str(e)) from e
     if fsync:
         _fsync_dir(path.parent)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dapo.outputs.atomic import replacing
+from dapo.atomic import replacing
 
 # what a failed dump means for the run: it stops there, and its checkpoints are untouched
 _DUMP_THEN = "The run stopped there; run the same command again to resume from its last checkpoint"

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dapo.outputs.atomic import write_text
+from dapo.atomic import write_text
 
 log = logging.getLogger(__name__)
 

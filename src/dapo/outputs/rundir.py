@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dapo.atomic import replacing, write_text
 from dapo.errors import DapoError
-from dapo.outputs.atomic import replacing, write_text
 
 LOCK_FILE = "dapo.lock"
 FINISHED_FILE = "finished.json"
@@ -309,7 +309,7 @@ def read_finished(run_dir: Path) -> dict[str, Any] | None:
 
 def mark_finished(run_dir: Path, cfg: Any, steps: int) -> None:
     """Record that this config's run trained all ``steps`` (written atomically; a failed write
-    leaves no file and raises :class:`dapo.outputs.atomic.WriteError` saying what to do)."""
+    leaves no file and raises :class:`dapo.atomic.WriteError` saying what to do)."""
     write_text(
         Path(run_dir) / FINISHED_FILE,
         json.dumps({"steps": int(steps), "config": config_snapshot(cfg)}, indent=1) + "\n",

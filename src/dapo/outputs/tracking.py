@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from dapo.atomic import write_text
 from dapo.errors import DapoError
-from dapo.outputs.atomic import write_text
 from dapo.outputs.rundir import RERUN
 
 AVAILABLE = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
