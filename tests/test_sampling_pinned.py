@@ -148,17 +148,17 @@ EXERCISED = {
 PINNED = {
     "default_posterior": "595b31be98916e49",
     "default_streak": "664896d986fb4d41",
-    "default_no_carry": "2fffe604e518ffbf",
-    "default_band_adaptive": "38dc4a823309a0cb",
+    "default_no_carry": "7893419319f3bc55",
+    "default_band_adaptive": "4f59badea5f3a5ac",
     "default_exhausted_train": "aaba83d328059eea",
     "default_exhausted_skip": "40cf8e0314a23947",
     "default_prefetch_lag": "e32ee644e08ed422",
     "verl": "3abea727b0abf10e",
     "verl_skip": "85f5aeae9518cbdf",
     "unfiltered": "61c33763502c5c8f",
-    "stream_posterior": "9d03795fd94a2125",
+    "stream_posterior": "ed29729f98799960",
     "stream_streak_budget": "095d00de4845a8ee",
-    "stream_fixed_rounds": "625344e7efa38c7a",
+    "stream_fixed_rounds": "cdc92dc5e78b90fc",
     "errors": "6c0138550a8dc8a3",
 }
 

@@ -101,12 +101,20 @@ def test_posterior_rule_never_skips_past_the_revisit_bound(
     )  # never a prompt without history
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(1, 30), st.integers(1, 40), st.booleans(), st.integers(0, 2**31 - 1))
-def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
-    # every prompt solved (P(no spread) near 1, far above the threshold), no exploration and a
-    # revisit bound far away: each pass over the source skips everything, yet draw returns k rows,
-    # after at most one skip per distinct prompt in a row
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 30),
+    st.integers(1, 40),
+    st.booleans(),
+    st.sets(st.integers(0, 29), max_size=4),
+    st.integers(0, 2**31 - 1),
+)
+def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, useful, seed):
+    # every prompt solved (P(no spread) near 1, far above the threshold) but for a few (4/8
+    # once: rolled out), no exploration and a revisit bound far away: the pass skips nearly
+    # everything, yet draw returns k rows; a pass fills the round from its own prompts, so rows
+    # taken stay within a small multiple of pool + round (walking on would take a pass per
+    # useful prompt rolled out: about k / len(useful) passes)
     from dapo.config.sampling import FilterGroupsConfig, SkipConfig
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
@@ -114,15 +122,19 @@ def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, seed):
     c = FilterGroupsConfig(enable=True, skip=SkipConfig(max_prob=0.999, max_explore=0.0, revisit_epochs=1000))
     b = DynamicBatcher(c, 1, k, 8, seed)
     for i in range(num):
-        b.history.record(i, filtered=True, mean=1.0, correct=8, n=8, version=0)
+        if i in useful:
+            b.history.record(i, filtered=False, mean=0.5, correct=4, n=8, version=0)
+        else:
+            b.history.record(i, filtered=True, mean=1.0, correct=8, n=8, version=0)
     rows = prompt_rows(num)
     if unindexed:
         rows[0]["index"] = None
     src = ListSource(rows, seed=seed)
     chosen, skipped = b.skip.draw(src, k, b.version)
     assert len(chosen) == k
-    assert skipped <= k * num
-    assert src.taken == k + skipped
+    assert src.taken <= 2 * (num + k)  # reshuffled epochs may cut a pass short
+    rolled_twice = len(chosen) - len({id(r) for r in chosen})
+    assert src.taken == len(chosen) - rolled_twice + skipped
 
 
 def _draw_with_budget(max_explore: float) -> list[int]:
@@ -306,3 +318,30 @@ def test_a_carried_group_dropped_by_the_recheck_is_replaced_in_the_same_step():
     assert s2.metrics["dynamic_sampling/rounds"] == 3
     assert s2.batch.non_tensors["index"].tolist() == [0, 0, 1, 1]
     assert s2.metrics["dynamic_sampling/partial_step"] == 0.0
+
+
+def test_a_pass_that_rolls_out_a_few_fills_the_round_from_the_pass_instead_of_walking_on():
+    # prompts 0-8 solved (prompt i seen i+1 times at 8/8), prompt 9 half right (4/8 once): a round
+    # of 4 takes rows four at a time; the pass skips 0-8 and rolls out 9; prompt 0 comes round in
+    # the third batch (10 draws, 10 prompts with a history) and the round is filled from the pass
+    # by likeliest to spread: 9 once more, then 0 and 1. Walking on would have rolled out 9 on
+    # every further pass and taken 30 rows for this round. The batch's last row (1) is not rolled
+    # out: 12 rows taken, 3 of them rolled out, 9 skipped (0-8 and both draws of 0 and 1, less the
+    # two filled). The next draw of the step takes 2 and 3 from what is left of the pass.
+    from dapo.config.sampling import FilterGroupsConfig, SkipConfig
+    from dapo.sampling import DynamicBatcher
+    from dapo.sampling.fakes import ListSource, prompt_rows
+
+    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 4, 8, 0)
+    for i in range(9):
+        for _ in range(i + 1):
+            b.history.record(i, filtered=True, mean=1.0, correct=8, n=8)
+    b.history.record(9, filtered=False, mean=0.5, correct=4, n=8)
+    q = [b.history.zero_spread_prob(i, 0, 8) for i in range(10)]
+    assert q[9] < 0.2 <= q[0] and q[:9] == sorted(q[:9])
+    src = ListSource(prompt_rows(10), shuffle=False)
+    b.skip.new_step()
+    chosen, skipped = b.skip.draw(src, 4, b.version)
+    assert [r["index"] for r in chosen] == [9, 9, 0, 1] and src.taken == 12 and skipped == 9
+    chosen, skipped = b.skip.draw(src, 2, b.version)
+    assert [r["index"] for r in chosen] == [2, 3] and src.taken == 12 and skipped == 0

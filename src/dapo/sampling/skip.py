@@ -63,17 +63,20 @@ class SkipPolicy:
 
     def draw(self, source: PromptSource, k: int, version: int) -> tuple[list[dict], int]:
         """k prompts to roll out at policy ``version`` and how many drawn rows were not rolled
-        out (every row taken from ``source`` is one of the two).
+        out (every row taken from ``source`` is one of the two; a prompt filled again from the
+        rolled-out ones of a pass appears twice in the round).
 
-        Terminates: a prompt drawn again with nothing rolled out since its previous draw in this
-        call rolls out the skipped prompt likeliest to spread. When every prompt with a history
-        was skipped since (a whole pass was skipped under this version), the round is instead
-        filled from that pass's prompts likeliest to spread (each such pass adds ``min(k, pool)``):
-        filling one prompt per pass would cost a pass over the pool per prompt once the rule
-        skips nearly all of it (a stall on large pools). What is left of that pass fills the
-        later draws of the step at the same version first, without walking the pool again: a
-        strategy that draws a few prompts at a time (``stream``) would otherwise walk a pass per
-        draw. Rows filled from an earlier call's pass were counted as skipped by that call."""
+        Terminates: once this call has come round its pool (a prompt drawn again after at least
+        as many draws in this pass as prompts with a history), the rest of the round is filled
+        from that pass's prompts likeliest to spread, each at most once more: the skipped ones
+        and the ones it rolled out (those are the likeliest when the rule skips all but a few). A
+        round so costs at most one pass over the pool; walking on instead would roll the few out
+        again on every further pass and cost passes per round (a stall on large pools). What is
+        left of the skipped prompts of that pass fills the later draws of the step at the same
+        version first, without walking the pool again: a strategy that draws a few prompts at a
+        time (``stream``) would otherwise walk a pass per draw. A prompt drawn again sooner (a
+        reshuffled epoch brings it round early) is judged again like any draw.
+        Rows filled from an earlier call's pass were counted as skipped by that call."""
         sc = self.cfg.skip
         # prob is the streak rule's controller; the posterior rule decides per prompt, and a
         # well-predicted run (filtered fraction below skip.target) must not switch it off
@@ -90,28 +93,30 @@ class SkipPolicy:
             filled = self._fill(rest, k, version)
             chosen += [rest.pop(i) for i in filled]
             self.spread_skips.difference_update(filled)
-        passed: dict[int, dict] = {}  # skipped since the last rolled-out prompt
+        passed: dict[int, dict] = {}  # skipped in this pass
+        rolled: dict[int, dict] = {}  # rolled out in this pass
+        seen: set[int] = set()  # drawn in this pass
+        drawn = 0  # rows drawn in this pass
         while len(chosen) < k:
             for row in source.take(k - len(chosen)):
                 if len(chosen) == k:  # filled below: the rest of this batch was judged in the pass
                     skipped += 1
                     continue
                 idx = None if row.get("index") is None else int(row["index"])
-                if idx in passed:  # nothing rolled out since its last draw: fill from what was skipped
-                    # every prompt with a history skipped since (a whole pass, as far as the history
-                    # knows): fill the round and keep the rest for the step; else (a reshuffled
-                    # epoch brought a prompt round early) roll out only the likeliest and walk on
-                    whole = len(passed) >= len(self.history)
-                    filled = self._fill(passed, k - len(chosen) if whole else 1, version)
-                    chosen += [passed[i] for i in filled]
-                    skipped += 1 - len(filled)  # this row is not rolled out; the filled ones are
+                if idx in seen and drawn >= len(self.history):  # came round: fill from the pass
+                    filled = self._fill({**rolled, **passed}, k - len(chosen), version)
+                    chosen += [passed.pop(i) if i in passed else rolled[i] for i in filled]
+                    skipped -= sum(i not in rolled for i in filled)  # counted as skipped when drawn
                     self.spread_skips.difference_update(filled)
-                    if whole:
-                        for i in filled:
-                            del passed[i]
-                        self.skipped_pass = (version, passed)
-                    passed = {}
-                    continue
+                    self.skipped_pass = (version, passed)
+                    passed, rolled, seen, drawn = {}, {}, set(), 0
+                    if len(chosen) == k:  # this row is not rolled out; the filled ones are
+                        skipped += 1
+                        continue
+                    # the pass skipped fewer than the round lacks: this row starts the next pass
+                drawn += 1
+                if idx is not None:
+                    seen.add(idx)
                 self.history.explored = False
                 if idx is not None and self._should_skip(idx, prob, max_updates, budget > 0, version):
                     skipped += 1
@@ -120,7 +125,9 @@ class SkipPolicy:
                         self.spread_skips.add(idx)
                 else:
                     chosen.append(row)
-                    passed = {}
+                    if idx is not None:
+                        rolled[idx] = row
+                        passed.pop(idx, None)  # drawn again after a reshuffle, rolled out this time
                     budget -= self.history.explored
                     if self.skipped_pass is not None:  # rolled out now: not again from the pass
                         self.skipped_pass[1].pop(idx, None)
