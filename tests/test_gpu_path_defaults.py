@@ -26,7 +26,12 @@ def _kwargs(r, device: str) -> dict:
 
 def test_gpu_path_cuda_defaults_are_verls():
     r = _rollout("cuda")
-    assert (r.gpu_memory_utilization, r.dtype, r.enforce_eager, r.per_request_seed) == (0.5, "bfloat16", False, False)
+    assert (r.gpu_memory_utilization, r.dtype, r.enforce_eager, r.per_request_seed) == (
+        0.5,
+        "bfloat16",
+        False,
+        False,
+    )
     kw = _kwargs(r, "cuda")
     # chunked prefill stays on (vLLM's default: no enable_chunked_prefill key) and the step budget is
     # the key's, not raised to max_model_len
@@ -41,11 +46,18 @@ def test_gpu_path_cuda_defaults_are_verls():
 
 def test_gpu_path_cpu_keeps_its_exceptions():
     r = _rollout("cpu")
-    assert (r.gpu_memory_utilization, r.dtype, r.enforce_eager, r.per_request_seed) == (None, None, True, True)
+    assert (r.gpu_memory_utilization, r.dtype, r.enforce_eager, r.per_request_seed) == (
+        None,
+        None,
+        True,
+        True,
+    )
     kw = _kwargs(r, "cpu")
     # each prompt is prefilled whole, so one step holds the longest prompt + response
     assert kw["enable_chunked_prefill"] is False and kw["max_num_batched_tokens"] == 2048 + 20480
-    assert "gpu_memory_utilization" not in kw and "enable_sleep_mode" not in kw and kw["enforce_eager"] is True
+    assert (
+        "gpu_memory_utilization" not in kw and "enable_sleep_mode" not in kw and kw["enforce_eager"] is True
+    )
     # the schema's defaults resolved the same way for an engine built from a model alone
     s = VllmSettings.for_model("float32", 512)
     assert s.enforce_eager and s.per_request_seed and s.gpu_memory_utilization is None
@@ -59,7 +71,9 @@ def test_gpu_path_explain_names_the_device(capsys):
     at = {ln.split(" = ")[0]: i for i, ln in enumerate(lines) if not ln.startswith(" ")}
     for key, value in [("enforce_eager", "false"), ("dtype", "bfloat16"), ("gpu_memory_utilization", "0.5")]:
         i = at[f"{R}.{key}"]
-        assert lines[i] == f"{R}.{key} = {value} (set null, resolved for trainer.device=cuda)   [default null]"
+        assert (
+            lines[i] == f"{R}.{key} = {value} (set null, resolved for trainer.device=cuda)   [default null]"
+        )
         assert "on cuda" in lines[i + 1] and "on cpu" in lines[i + 1]
     i = at[f"{R}.per_request_seed"]
     assert lines[i].startswith(f"{R}.per_request_seed = false (set null, resolved for trainer.device=cuda)")
@@ -80,5 +94,7 @@ def test_gpu_path_request_seeds_only_when_asked():
     assert torch.equal(cpu.generator.get_state(), cuda.generator.get_state())
     assert sampling_fields(params, [2], want[0])["seed"] == want[0]
     assert "seed" not in sampling_fields(params, [2], None)
-    on = VllmEngineBase([2], 0, VllmSettings.for_model("bfloat16", 64, device="cuda", per_request_seed=True), 5)
+    on = VllmEngineBase(
+        [2], 0, VllmSettings.for_model("bfloat16", 64, device="cuda", per_request_seed=True), 5
+    )
     assert on.request_seeds(3) == want

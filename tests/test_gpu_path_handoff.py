@@ -34,7 +34,9 @@ def _update(model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int) -> No
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 90, (2, 12), generator=g)
     logits = model(input_ids=ids).logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+    )
     loss.backward()
     opt.step()
 
