@@ -228,10 +228,10 @@ class _SleepyLLM:
         self.events: list[str] = []
 
     def sleep(self, level):
-        self.events.append("sleep")
+        self.events.append(f"sleep {level}")
 
-    def wake_up(self):
-        self.events.append("wake")
+    def wake_up(self, tags=None):
+        self.events.append(f"wake {','.join(tags)}")
 
     def generate(self, prompts, params, use_tqdm=False):
         from types import SimpleNamespace
@@ -255,20 +255,22 @@ class _SleepyLLM:
 
 
 def test_vllm_engine_stays_awake_across_turns():
-    # with free_cache_engine on a GPU, sleeping between turns would offload the weights and drop
-    # the KV cache of the context the next turn extends: one wake-up and one sleep per rollout
+    # with free_cache_engine on a GPU, sleeping between turns would discard the weights and the
+    # KV cache of the context the next turn extends: the engine sleeps only when the handoff says
+    # so (dapo.rollout.handoff), never after a generation
     pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
     from dapo.rollout.vllm_rollout import VllmEngineBase, VllmRollout, VllmSettings
 
     eng = object.__new__(VllmRollout)
     settings = VllmSettings.for_model("float32", 512, device="cuda", free_cache_engine=True)
     VllmEngineBase.__init__(eng, [TOK.eos_token_id], TOK.pad_token_id, settings, seed=0)
-    eng.llm, eng._asleep, eng._held = _SleepyLLM(), True, 0
+    eng.llm, eng._asleep = _SleepyLLM(), {"weights", "kv_cache"}
     mt = MultiTurnRollout(eng, TOK, [CalculatorTool()], MultiTurnSettings())
     out, info = mt.generate(rows(2), SamplingParams(n=2, response_length=200), prompt_width=64)
     assert info["num_turns"] == [4] * 4  # call, tool, answer: two generate calls
-    assert eng.llm.events == ["wake", "generate", "generate", "sleep"]
-    assert eng._asleep
-    # a plain generate outside a rollout still sleeps after itself
+    assert eng.llm.events == ["wake weights,kv_cache", "generate", "generate"]
+    assert not eng._asleep
     eng.generate([[5, 6]], SamplingParams(n=1, response_length=4))
-    assert eng.llm.events[4:] == ["wake", "generate", "sleep"]
+    assert eng.llm.events[3:] == ["generate"]
+    assert eng.sleep() and eng.llm.events[4:] == ["sleep 2"] and eng.synced_version is None
+    assert not eng.sleep()  # asleep already

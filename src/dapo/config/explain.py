@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from dapo.config.compat import unimplemented
+from dapo.config.resolve import DEVICE_DEFAULT_KEYS
 from dapo.config.schema import DapoConfig
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+(=|$)")
@@ -73,6 +74,8 @@ def explain(loaded: DictConfig, resolved: Any, prefix: str = "") -> str:
         value = OmegaConf.select(resolved, key)
         given = OmegaConf.select(loaded, key)
         note = "" if _fmt(given) == _fmt(value) else f" (set {_fmt(given)}, resolved)"
+        if key in DEVICE_DEFAULT_KEYS and given is None:
+            note = f" (set null, resolved for trainer.device={OmegaConf.select(resolved, 'trainer.device')})"
         lines.append(f"{key} = {_fmt(value)}{note}   [default {_fmt(default)}]")
         u = unimplemented().get(key)
         lines.append(f"    {doc}" + (f" [accepted, not implemented: {u.why}]" if u else ""))

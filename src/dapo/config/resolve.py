@@ -12,6 +12,10 @@ fallbacks. ``dapo.config.pipeline.build_config`` calls it once per run; after th
   ``data.max_response_length`` (verl interpolates them)
 * ``model.tokenizer_path``: null -> ``model.path`` (when a model path is given)
 * ``rollout.seed``: null -> ``trainer.seed``
+* the vLLM engine keys with a per-device default (``rollout_engine_defaults``; ours on CPU, verl's
+  on CUDA): ``rollout.gpu_memory_utilization`` null -> 0.5 on cuda; ``rollout.dtype`` null ->
+  bfloat16 on cuda (float16 for an fp16 actor); ``rollout.enforce_eager`` null -> false on cuda,
+  true on cpu; ``rollout.per_request_seed`` null -> false on cuda, true on cpu
 * ``actor.clip_ratio_low`` / ``clip_ratio_high``: null -> ``actor.clip_ratio``
 * ``actor.ppo_micro_batch_size_per_gpu``: null -> the deprecated global ``ppo_micro_batch_size``
   divided by the data-parallel size (``trainer.nnodes x trainer.n_gpus_per_node`` over the
@@ -34,8 +38,8 @@ fallbacks. ``dapo.config.pipeline.build_config`` calls it once per run; after th
   ``optim.total_training_steps``: -1 -> ``trainer.total_training_steps``
 
 Nulls that mean "none" (no checkpoint limit, no dump directory, the built-in task or model,
-which are written on first use) stay null, and so do two vLLM keys whose value only vLLM or the
-loaded model knows: ``rollout.gpu_memory_utilization`` (vLLM's own default) and ``rollout.dtype``
+which are written on first use) stay null, and so do two vLLM keys on CPU, where the value is
+vLLM's or the loaded model's: ``rollout.gpu_memory_utilization`` (unused) and ``rollout.dtype``
 (the actor's parameter dtype).
 """
 
@@ -50,6 +54,30 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 VAL_BATCH_SIZE = 256
+
+
+# vLLM's weights dtype on CUDA for the actor's model_dtype: its GPU attention kernels refuse float32
+CUDA_ROLLOUT_DTYPE = {"fp32": "bfloat16", "bf16": "bfloat16", "fp16": "float16"}
+
+
+# the keys rollout_engine_defaults fills: `dapo validate --explain` names the device they were resolved for
+DEVICE_DEFAULT_KEYS = tuple(
+    f"actor_rollout_ref.rollout.{k}"
+    for k in ("gpu_memory_utilization", "dtype", "enforce_eager", "per_request_seed")
+)
+
+
+def rollout_engine_defaults(rollout: Any, device: str, model_dtype: str) -> None:
+    """Fill ``rollout``'s null vLLM keys that have a per-device default, in place."""
+    cuda = device == "cuda"
+    if cuda and rollout.gpu_memory_utilization is None:
+        rollout.gpu_memory_utilization = 0.5
+    if cuda and rollout.dtype is None:
+        rollout.dtype = CUDA_ROLLOUT_DTYPE.get(model_dtype, "bfloat16")
+    if rollout.enforce_eager is None:
+        rollout.enforce_eager = not cuda
+    if rollout.per_request_seed is None:
+        rollout.per_request_seed = not cuda
 
 
 def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
@@ -78,6 +106,7 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
         m.tokenizer_path = m.path
     if r.seed is None:
         r.seed = tr.seed
+    rollout_engine_defaults(r, str(tr.device), str(a.fsdp_config.model_dtype))
 
     if a.clip_ratio_low is None:
         a.clip_ratio_low = a.clip_ratio

@@ -309,17 +309,21 @@ class RolloutConfig:
     # vLLM engine settings (rollout.name=vllm; the own engine ignores them), verl's names.
     # gen_tp: vLLM's tensor parallel degree (verl's default is 2; one device here)
     tensor_model_parallel_size: int = 1
-    # share of GPU memory vLLM may take (weights + KV cache); null means vLLM's default (0.9)
+    # share of GPU memory vLLM may take (weights + KV cache); null: 0.5 on cuda (verl's: the actor's
+    # weights stay on the device beside it), unused on cpu
     gpu_memory_utilization: float | None = None
-    # null means the actor's parameter dtype, so the sampler's log-probs match the trainer's
+    # vLLM's weights dtype; null: on cuda bfloat16 (float16 for an fp16 actor), as verl, because vLLM's
+    # GPU attention kernels refuse float32; on cpu the actor's parameter dtype (log-probs match the trainer's)
     dtype: str | None = None
-    # CUDA graphs cost capture time and memory; eager is what runs on CPU anyway
-    enforce_eager: bool = True
+    # no CUDA graphs; null: false on cuda (verl's default: graphs make decoding fast), true on cpu (eager is
+    # what vLLM's CPU build runs)
+    enforce_eager: bool | None = None
     # release the KV cache between generations (vLLM sleep mode on GPUs; a no-op on CPU)
     free_cache_engine: bool = True
     # vLLM: the most sequences one engine step schedules
     max_num_seqs: int = 1024
-    # vLLM: the most tokens one engine step schedules (prefill chunks included)
+    # vLLM: the most tokens one engine step schedules; on cuda long prompts are prefilled in chunks of it
+    # beside running decodes (verl's 8192); on cpu chunked prefill is off and it is raised to prompt + response
     max_num_batched_tokens: int = 8192
     # vLLM: reuse KV blocks of shared prompt prefixes (reset after every weight sync)
     enable_prefix_caching: bool = True
@@ -328,6 +332,9 @@ class RolloutConfig:
     load_format: str = "auto"
     # the seed of vLLM's samplers; null means trainer.seed
     seed: int | None = None
+    # ours: give every sampled request its own seed drawn from rollout.seed (the same responses after a resume);
+    # null: true on cpu, false on cuda (vLLM samples seeded requests one row at a time)
+    per_request_seed: bool | None = None
     # ours: "colocated" runs vLLM in the trainer's process (verl's hybrid engine); "server" starts a
     # vLLM server process on 127.0.0.1 and talks HTTP to it (weights through a file in /dev/shm)
     placement: str = "colocated"

@@ -1,6 +1,7 @@
 """What the trainer generates with: the sampler (single- or multi-turn, the own engine or vLLM:
 ``rollout.name``) built from the config, the sampling parameters of training and validation,
-the weight sync, and, with prefetch, the own engine's copy of the weights."""
+the weight sync, the handoff of a colocated vLLM engine's device (:mod:`dapo.rollout.handoff`),
+and, with prefetch, the own engine's copy of the weights."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 import torch
 
+from dapo.actor.offload import ActorOffload, MemoryLedger
 from dapo.batch import Batch
 from dapo.rollout.factory import build_rollout
+from dapo.rollout.handoff import ROLLOUT, Handoff
 from dapo.rollout.hf import SamplingParams
 
 
@@ -60,6 +63,7 @@ class RolloutRunner:
         )
         if getattr(self.engine, "synced_version", None) is not None:  # vLLM holds the policy's weights
             self.engine.synced_version = weights_version(model)
+        self.handoff: Handoff | None = None
         self.multi_turn = None
         if r.multi_turn.enable:  # generate -> tool calls -> tool messages (response_mask 0) -> ...
             from dapo.rollout.multiturn import MultiTurnRollout
@@ -78,21 +82,53 @@ class RolloutRunner:
             response_length=self.response_length,
         )
 
+    def attach_handoff(self, cfg: Any, optimizer: torch.optim.Optimizer | None) -> None:
+        """Share the device between the policy and a colocated vLLM engine: before generation the
+        actor (``optimizer`` given: it trains in this process) frees its gradients and offloads its
+        optimizer state (and with ``param_offload`` its parameters), vLLM sleeps during the update."""
+        r = cfg.actor_rollout_ref.rollout
+        if r.name != "vllm" or r.placement != "colocated":
+            return
+        ledger = MemoryLedger()
+        actor = None
+        if optimizer is not None:
+            # the in-reward KL penalty runs the actor between generation rounds: its weights stay
+            offload = (
+                cfg.actor_rollout_ref.actor.fsdp_config.param_offload and not cfg.algorithm.use_kl_in_reward
+            )
+            actor = ActorOffload(self.policy, optimizer, bool(offload), ledger)
+        self.handoff = Handoff(self.engine, actor, str(cfg.trainer.device), ledger)
+
+    def _send_weights(self, timer: Any) -> bool:
+        version = weights_version(self.policy)
+        if self.engine.synced_version == version:
+            return False
+        with timer("update_weights") if timer is not None else nullcontext():
+            self.engine.update_weights(self.policy)
+        self.engine.synced_version = version
+        return True
+
     def sync_weights(self, timer: Any = None) -> None:
         """Bring the sampler up to the policy's current weights: vLLM takes them once per change
-        (timed as ``update_weights`` on ``timer``); with prefetch, the own engine's copy is refreshed."""
+        (timed as ``update_weights`` on ``timer``), inside the handoff to rollout mode when there is
+        one; with prefetch, the own engine's copy is refreshed."""
         if hasattr(self.engine, "update_weights"):
-            version = weights_version(self.policy)
-            if self.engine.synced_version != version:
-                with timer("update_weights") if timer is not None else nullcontext():
-                    self.engine.update_weights(self.policy)
-                self.engine.synced_version = version
+            if self.handoff is not None:
+                self.handoff.to_rollout(lambda: self._send_weights(timer))
+            else:
+                self._send_weights(timer)
             return
         if self.model is None:
             return
         with torch.no_grad():
             for dst, src in zip(self.model.parameters(), self.policy.parameters(), strict=True):
                 dst.copy_(src)
+
+    def to_trainer(self) -> None:
+        """Hand the device back to the actor (vLLM sleeps) before its log-prob passes, its update
+        or a checkpoint; generation hands it back to vLLM (:meth:`sync_weights`)."""
+        if self.handoff is not None:
+            self.handoff.to_trainer()
 
     def step_warnings(self) -> list[str]:
         """Lines the log repeats every step (the code tool's weak-sandbox mode)."""
@@ -104,6 +140,8 @@ class RolloutRunner:
 
     def generate(self, rows: list[dict], params: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """``params.n`` trajectories per row as a batch, and the multi-turn loop's tool counters."""
+        if self.handoff is not None and self.handoff.phase != ROLLOUT:
+            self.sync_weights()
         if self.multi_turn is None:
             out = self.engine.generate(
                 [r["prompt_ids"] for r in rows], params, prompt_width=self.prompt_width

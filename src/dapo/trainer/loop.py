@@ -29,6 +29,7 @@ from dapo.config.load import to_yaml
 from dapo.config.pipeline import finalize_steps
 from dapo.config.schema import DapoConfig
 from dapo.data.dataset import build_prompt_data, refuse_bad_data
+from dapo.distributed.actor_group import LocalActor
 from dapo.distributed.builder import build_actor, dp_world_size
 from dapo.errors import check_nonfinite
 from dapo.model.loader import build_policy
@@ -159,6 +160,8 @@ class Trainer:
         self.kl_ctrl = (
             get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
         )
+        in_process = isinstance(self.actor, LocalActor)
+        self.rollout.attach_handoff(cfg, self.optimizer if in_process else None)
         self.batcher = DynamicBatcher.from_config(cfg)
         self.adv_fn = get_adv_estimator_fn(alg.adv_estimator)
         self.round = GenerationRound(
@@ -219,6 +222,7 @@ class Trainer:
                 )
                 if saved:
                     self.step_row = dict(metrics)
+                    self.rollout.to_trainer()  # the optimizer state is the actor's again
                     with timer("save_checkpoint"):
                         save_trainer(self)
                     metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
@@ -228,6 +232,7 @@ class Trainer:
                 if stop.requested:
                     if not saved:  # the stop came while the step was being logged (a closed console)
                         self.step_row = dict(metrics)
+                        self.rollout.to_trainer()
                         save_trainer(self)
                     break
         self.stopped, self.stopped_by = stop.requested, stop.reason
@@ -252,6 +257,7 @@ class Trainer:
             epoch = self.sampler.epoch  # the prefetch below may move it on
             prefetching = self._start_prefetch(progress)
             try:
+                self.rollout.to_trainer()
                 metrics.update(self._compute_old_and_ref(batch))
                 with self.timer("adv"):
                     adv, ret = self.adv_fn(
@@ -360,6 +366,7 @@ class Trainer:
 
     def _finish(self, before: dict[str, float], after: dict[str, float], t_start: float) -> dict[str, Any]:
         tr = self.cfg.trainer
+        self.rollout.to_trainer()
         model_dir = None
         if tr.save_final_model and not tr.val_only and not self.stopped:
             model_dir = save_model_dir(self.run_dir / "final_model", self.model, self.tokenizer)
