@@ -7,6 +7,7 @@ limits, in the weak mode too. The adversarial suite is tests/test_tools_sandbox_
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -302,9 +303,77 @@ def test_the_audit_hook_stays_on_after_its_frames_are_taken_apart(weak):
     assert lines[5].startswith("write /usr ") and "ALLOWED" not in lines[5], res.stdout
     assert not os.path.exists("/usr/dapo-hook-test")
     # each refusal reached the parent as it happened, though the runner never reported its end
-    swaps = ["replace a function's code"] * res.refused.count("replace a function's code")
+    swaps = ["replace a function's __code__"] * res.refused.count("replace a function's __code__")
     assert len(swaps) >= 3 and res.refused == ["fork", *swaps, "fork", "import ctypes", "import _testcapi"]
     assert res.status == "refused" and res.status_problem is None
+
+
+EQ_ATTACK = """\
+import sys
+try:
+    import ctypes
+except PermissionError as e:
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    loc = tb.tb_frame.f_locals
+class Grab:
+    got = []
+    def __eq__(self, other):
+        Grab.got.append(other)
+        return False
+for name, value in loc.items():
+    try:
+        value == Grab()
+    except Exception:
+        pass
+cleared = 0
+for other in Grab.got:
+    for method in ("clear", "pop", "popitem"):
+        try:
+            getattr(other, method)()
+            cleared += 1
+        except Exception:
+            pass
+print("cleared:", cleared)
+def f(*, a=1):
+    return a
+try:
+    f.__kwdefaults__ = {"a": 2}
+    print("kwdefaults set")
+except PermissionError as e:
+    print("kwdefaults:", e)
+try:
+    import gc
+    gc.get_objects()
+    print("heap walked")
+except PermissionError as e:
+    print("heap:", e)
+try:
+    import ctypes
+    print("ctypes imported")
+except PermissionError as e:
+    print("ctypes:", e)
+"""
+
+
+@pytest.mark.parametrize("weak", MODES)
+def test_the_audit_hook_hands_out_nothing_it_reads_through_a_comparison(weak):
+    # a frame's locals compared with an object whose __eq__ keeps its argument: a mapping proxy
+    # would pass its dict on, which cleared would switch off every refusal by event
+    res = run_python(EQ_ATTACK, SandboxLimits(cpu_seconds=10, memory_mb=256, wall_seconds=60.0), weak=weak)
+    assert res.stdout.splitlines() == [
+        "cleared: 0",
+        "kwdefaults: sandbox: not allowed to replace a function's __kwdefaults__",
+        "heap: sandbox: not allowed to walk the heap",
+        "ctypes: sandbox: not allowed to import ctypes",
+    ], res.stdout + res.stderr
+    assert res.refused == [
+        "import ctypes",
+        "replace a function's __kwdefaults__",
+        "walk the heap",
+        "import ctypes",
+    ]
 
 
 def test_the_audit_hook_reads_no_global_builtin_or_closure_name():
@@ -318,8 +387,14 @@ def test_the_audit_hook_reads_no_global_builtin_or_closure_name():
     ops = {i.opname for i in dis.get_instructions(guard)}
     assert guard.__closure__ is None and guard.__code__.co_freevars == ()
     assert not ops & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_CLASSDEREF"}, ops
-    with pytest.raises(PermissionError, match="not allowed to replace a function's code"):
-        guard("object.__setattr__", (len, "__code__", None))
+    for slot in ("__code__", "__defaults__", "__kwdefaults__"):
+        with pytest.raises(PermissionError, match=f"not allowed to replace a function's {slot}"):
+            guard("object.__setattr__", (len, slot, None))
+    # every default is immutable: a frame's locals are the very objects the next call uses
+    mutable = [
+        k for k, v in guard.__kwdefaults__.items() if isinstance(v, (dict, list, set, types.MappingProxyType))
+    ]
+    assert mutable == []
 
 
 def _runner_line(text: str) -> bytes:
@@ -334,6 +409,14 @@ def test_any_status_bytes_parse_without_raising(raw):
         assert refused == [] and exception is None
     else:
         assert all(isinstance(r, str) for r in refused) and (exception is None or exception.isidentifier())
+
+
+def test_an_invalid_escape_in_the_status_parses_with_warnings_as_errors():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # python -W error: the decoder's warning would raise
+        assert sandbox.parse_status(b"refused \\q\nend -\n") == (["\\q"], None, None)
 
 
 @settings(max_examples=200, deadline=None)

@@ -82,18 +82,26 @@ def make_guard(box: str, status_fd: int):
     A refusal's traceback holds the hook's frame, and through it the frame's locals and globals.
     So the hook has no closure (cells can be rewritten) and reads no global or builtin name
     (``builtins`` and this module can be patched): everything it uses is bound as a keyword
-    default when it is made, and a frame holds only that call's copies. The function object is
-    referenced only by the interpreter's hook list, and replacing any function's ``__code__``
-    (the helpers it calls are ordinary library functions) is itself refused."""
+    default when it is made, and every such default is immutable (frozensets, tuples, strings,
+    numbers and functions; a frame's locals are those very objects, and a mapping proxy would
+    hand out its dict to an ``__eq__`` it is compared with). The function object is referenced
+    only by the interpreter's hook list, and replacing any function's ``__code__``,
+    ``__defaults__`` or ``__kwdefaults__`` (the helpers it calls are ordinary library functions)
+    is itself refused, as is walking the heap to find it."""
+
+    event_what, path_args = tuple(REFUSED_EVENTS.items()), tuple(PATH_EVENTS.items())
 
     def guard(
         event,
         args,
         *,
-        _events=types.MappingProxyType(dict(REFUSED_EVENTS)),
+        _events=frozenset(REFUSED_EVENTS),
+        _event_what=event_what,
         _imports=frozenset(REFUSED_IMPORTS),
         _import_prefixes=REFUSED_IMPORT_PREFIXES,
-        _path_events=types.MappingProxyType(dict(PATH_EVENTS)),
+        _path_events=frozenset(PATH_EVENTS),
+        _path_args=path_args,
+        _func_slots=frozenset(("__code__", "__defaults__", "__kwdefaults__")),
         _box=box,
         _sep=os.sep,
         _fd=status_fd,
@@ -113,14 +121,16 @@ def make_guard(box: str, status_fd: int):
     ):
         what = None
         if event in _events:
-            what = _events[event]
+            for e, w in _event_what:
+                if e == event:
+                    what = w
         elif event == "import":
             top = _str(args[0]).split(".")[0] if args else ""
             if top in _imports or top.startswith(_import_prefixes):
                 what = f"import {args[0]}"
         elif event == "object.__setattr__":
-            if _len(args) > 1 and args[1] == "__code__":
-                what = "replace a function's code"
+            if _len(args) > 1 and args[1] in _func_slots:
+                what = f"replace a function's {args[1]}"
         elif event == "open" or event in _path_events:
             if event == "open":
                 path, mode, flags = (args + (None, None, None))[:3]
@@ -129,7 +139,10 @@ def make_guard(box: str, status_fd: int):
                     _isinstance(mode, _str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
                 ) or (_isinstance(flags, _int) and flags & _write_flags)
             else:
-                n, has_dir_fd = _path_events[event]
+                n, has_dir_fd = 1, False
+                for e, spec in _path_args:
+                    if e == event:
+                        n, has_dir_fd = spec
                 dir_fd = args[-1] if has_dir_fd and _len(args) > n else None
                 paths, by_fd = args[:n], _isinstance(dir_fd, _int) and not _isinstance(dir_fd, _bool)
             for given in paths:

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -362,7 +363,9 @@ def parse_status(raw: bytes) -> tuple[list[str], str | None, str | None]:
         ok = not ended and rest.isascii() and rest != b""
         if ok and kind == b"refused":
             try:
-                text = rest.decode("unicode_escape")
+                with warnings.catch_warnings():  # an invalid escape warns; under -W error it raises
+                    warnings.simplefilter("ignore")
+                    text = rest.decode("unicode_escape")
             except ValueError:
                 ok = False
             else:
