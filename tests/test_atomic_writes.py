@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 
 
 def _temp_files(d: Path) -> list[str]:
-    return sorted(p.name for p in d.rglob(".*tmp-*"))
+    return sorted(p.name for p in d.rglob(".*.tmp*"))
 
 
 def _enospc_for(name: str, monkeypatch) -> None:
@@ -107,9 +107,18 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line_and_leaves_no_temp_file(
 ):
     run = tmp_path / "run"
     _enospc_for("finished.json", monkeypatch)
+    real = os.replace
+
+    def report_fails(src, dst, *a, **k):  # the report too: it is rebuilt after the last step
+        if Path(dst).name == "report.html":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", report_fails)
     capsys.readouterr()
-    assert main(small_run_args(run, tiny_random_model_dir, mod3_task, 1)) == 2
-    err = capsys.readouterr().err
+    assert main([*small_run_args(run, tiny_random_model_dir, mod3_task, 1), "trainer.report_freq=1"]) == 2
+    out, err = capsys.readouterr()
+    assert f"could not refresh the report in {run}: cannot write {run / 'report.html'}" in out + err
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("dapo:")] == [
         f"dapo: cannot write {run / 'finished.json'}: No space left on device; free space on that disk. "

@@ -13,7 +13,7 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from dapo.errors import DapoError
 
@@ -28,15 +28,17 @@ def temp_name(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike, fsync: bool = False, then: str = "") -> Iterator[IO[str]]:
-    """A text file to write ``path``'s new contents to; when the block ends it replaces ``path``
+def replacing(
+    path: str | os.PathLike, fsync: bool = False, then: str = "", binary: bool = False
+) -> Iterator[IO[Any]]:
+    """A text (or, with ``binary``, bytes) file to write ``path``'s new contents to; when the block ends it replaces ``path``
     in one rename (flushed to disk first with ``fsync``). On any failure the temporary file is
     removed; an ``OSError`` becomes :class:`WriteError`, whose message ends with ``then`` (what
     the failure means for the run) when given."""
     path = Path(path)
     tmp = temp_name(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as f:
             yield f
             f.flush()
             if fsync:
@@ -54,6 +56,12 @@ def write_text(path: str | os.PathLike, text: str, fsync: bool = False, then: st
     """``text`` as the whole of ``path``, atomically (see :func:`replacing`)."""
     with replacing(path, fsync=fsync, then=then) as f:
         f.write(text)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, then: str = "") -> None:
+    """``data`` as the whole of ``path``, atomically (see :func:`replacing`)."""
+    with replacing(path, then=then, binary=True) as f:
+        f.write(data)
 
 
 def write_failed(path: Path, e: OSError, then: str = "") -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dapo.atomic import write_bytes
 from dapo.errors import DapoError
 from dapo.outputs.records import FATES, VIEWER_FILE, read_groups, read_metrics
 
@@ -638,16 +639,10 @@ def build_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         png = buf.getvalue()
-        _atomic_write(out.parent / f"{out.stem}_{spec.name}.png", png)
+        write_bytes(out.parent / f"{out.stem}_{spec.name}.png", png)
         figures.append((spec, png, None))
-    _atomic_write(out, render_html(run, figures).encode("utf-8"))
+    write_bytes(out, render_html(run, figures).encode("utf-8"))
     return out
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------------------------- CLI
