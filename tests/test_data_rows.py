@@ -64,6 +64,11 @@ BAD = {
         "prompt[0].content",
         "has a NUL byte (\\x00) at character 4",
     ),
+    "nul_byte_ground_truth": (
+        _rows(32, gt=lambda i: f"{i}{NUL}"),
+        "reward_model.ground_truth",
+        "has a NUL byte (\\x00) at character 1; no answer can match it, so every response would score wrong",
+    ),
     "made_up_role": (
         _rows(32, prompt=lambda i: [{"role": "wizard", "content": f"what is {i}?"}]),
         "prompt[0].role",

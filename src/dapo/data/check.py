@@ -273,6 +273,13 @@ def check_rows(
                 )
             elif not isinstance(gt, str | dict | list | int | float):
                 add(i, "reward_model.ground_truth", f"has unexpected type {type(gt).__name__}")
+            elif isinstance(gt, str) and "\x00" in gt:
+                add(
+                    i,
+                    "reward_model.ground_truth",
+                    f"has a NUL byte (\\x00) at character {gt.index(chr(0))}; no answer can match it, "
+                    "so every response would score wrong: remove it",
+                )
             elif rules.builtin_scorer and known:
                 why = ground_truth_problem(ds, gt, ground_truth_as_str=rules.ground_truth_as_str)
                 if why:
