@@ -163,3 +163,19 @@ def test_the_dapo_preset_on_a_cpu_machine_names_its_missing_files_and_device(
 
 def test_explaining_keys_checks_no_files(capsys):
     assert main(["validate", "--explain", "data.train_files", "data.train_files=/no/such.parquet"]) == 0
+
+
+def test_vllm_on_cpu_with_a_head_size_its_attention_lacks_is_refused_by_validate(tmp_path, capsys):
+    # the built-in tiny models have head size 96 / 4 = 24; a model directory's config.json is read
+    assert main(["validate", "actor_rollout_ref.rollout.name=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.name=vllm: the model's head size is 24, which vLLM's CPU" in err
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 128, "num_attention_heads": 2}')
+    args = ["validate", "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.model.path={model}"]
+    assert main(args) == 0  # head size 64
+    (model / "config.json").write_text('{"hidden_size": 128, "num_attention_heads": 2, "head_dim": 48}')
+    assert main(args) == 2
+    assert "the model's head size is 48" in capsys.readouterr().err
+    assert main(["validate", f"actor_rollout_ref.model.path={model}"]) == 0  # the own engine takes any

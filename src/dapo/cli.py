@@ -68,11 +68,20 @@ def _load(args: argparse.Namespace, warn: bool = True, extra_rules: tuple = ()):
     return run.loaded, run.cfg
 
 
+def _vllm_head_size_problems(cfg: Any) -> list[str]:
+    if cfg.actor_rollout_ref.rollout.name != "vllm" or cfg.actor_rollout_ref.model.path is None:
+        return []  # the built-in model is every run's rule (dapo.tasks); torch stays unimported
+    from dapo.rollout.vllm_rollout import model_head_size_problems
+
+    return model_head_size_problems(cfg)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from dapo.config.machine import machine_problems
 
     # the data files, model and device are checked on this machine, except when explaining keys
-    loaded, cfg = _load(args, extra_rules=() if args.explain is not None else (machine_problems,))
+    rules = () if args.explain is not None else (machine_problems, _vllm_head_size_problems)
+    loaded, cfg = _load(args, extra_rules=rules)
     if args.explain is not None:
         from dapo.config.explain import explain
 

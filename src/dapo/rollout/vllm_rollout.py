@@ -162,6 +162,36 @@ def check_model(config: Any, device: str) -> None:
         )
 
 
+def model_head_size_problems(cfg: Any) -> list[str]:
+    """``dapo validate``'s check of ``rollout.name=vllm`` off CUDA: the model's head size (read
+    from its ``config.json``, or the built-in tiny model's) is one vLLM's CPU attention has, so
+    the refusal comes before a run loads the model rather than after."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    if cfg.actor_rollout_ref.rollout.name != "vllm" or cfg.trainer.device == "cuda":
+        return []
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        from dapo.model.tiny import tiny_config
+
+        config: Any = tiny_config(128, 0, 2)
+    else:
+        file = Path(str(path)).expanduser() / "config.json"
+        try:
+            config = SimpleNamespace(**json.loads(file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return []  # a missing or unreadable model is reported by the model check
+    try:
+        check_model(config, str(cfg.trainer.device))
+    except DapoError as e:
+        return list(getattr(e, "problems", None) or [str(e)])
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return []  # not a decoder config with a head size: vLLM's own check will say
+    return []
+
+
 @contextmanager
 def preserved_process_state() -> Iterator[None]:
     """Undo what importing vLLM and starting its engine change process-wide: the RNG streams of

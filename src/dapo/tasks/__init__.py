@@ -26,12 +26,20 @@ BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse", "reasoning_wide"
 
 
 def config_problems(cfg: Any) -> list[str]:
-    """``data.builtin_task`` must name a built-in task (``dapo.run_config`` hands this rule to the
-    config pipeline)."""
+    """``data.builtin_task`` must name a built-in task, and vLLM on CPU cannot run the built-in
+    models (``dapo.run_config`` hands this rule to the config pipeline)."""
     task = cfg.data.builtin_task
-    if task in BUILTIN_TASKS:
-        return []
-    return [f"data.builtin_task: must be one of {', '.join(BUILTIN_TASKS)}, got {task!r}"]
+    out = (
+        []
+        if task in BUILTIN_TASKS
+        else [f"data.builtin_task: must be one of {', '.join(BUILTIN_TASKS)}, got {task!r}"]
+    )
+    if cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.path is None:
+        # the built-in models' head size is known before they are built (a warm start of minutes)
+        from dapo.rollout.vllm_rollout import model_head_size_problems
+
+        out += model_head_size_problems(cfg)
+    return out
 
 
 def builtin_task_name(cfg: Any) -> str:
