@@ -121,8 +121,9 @@ class RunLock:
     The lock belongs to the open file, so the kernel releases it when the process exits or is
     killed; the pid inside is only for the message another run prints when it is refused, and is
     cleared on release, so a command that is refused or finds the run finished leaves the file as
-    it found it. A run directory the lock created and nothing else wrote to (a command that
-    stopped on its config) is removed again on release.
+    it found it. A lock file the lock created in a directory nothing else was written to (a
+    command that stopped on its config) is removed again on release, and so is the directory
+    when the lock created that too.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
@@ -130,9 +131,13 @@ class RunLock:
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
         self._created: list[Path] = []
+        self._before: frozenset[str] | None = None
 
     def acquire(self) -> RunLock:
         self._created = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
+        # what was there before: a lock file this command made is removed again when the command
+        # wrote nothing else (a refused command leaves a directory of the user's as it was)
+        self._before = None if self.path.exists() else _names(self.run_dir)
         while True:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             try:
@@ -159,7 +164,7 @@ class RunLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        if self._created and _only_lock(self.run_dir):
+        if self._before is not None and _names(self.run_dir) == self._before | {LOCK_FILE}:
             # still locked: whoever opened the file meanwhile sees it unlinked once locked, and retries
             self.path.unlink()
             for d in self._created:
@@ -188,11 +193,13 @@ def _in_use(run_dir: Path, holder: int | None) -> str:
     )
 
 
-def _only_lock(run_dir: Path) -> bool:
+def _names(run_dir: Path) -> frozenset[str] | None:
     try:
-        return [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+        return frozenset(p.name for p in run_dir.iterdir())
+    except FileNotFoundError:
+        return frozenset()
     except OSError:
-        return False
+        return None
 
 
 def _same_file(fd: int, path: Path) -> bool:
