@@ -3,7 +3,7 @@ their own rows of the checkpoint, a sync that streams the trained weights to the
 rounds of one bucket, never a whole model (its peak memory measured, not timed), and the socket
 stream that feeds vLLM workers in other processes (the server's, tensor-parallel ones).
 
-One pair of gloo ranks on an ~80 MB random model serves the file."""
+One pair of gloo ranks on an ~76 MB random model serves the file."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_gpu_path_meta_init_reads_only_own_rows(two_ranks, small_model_dir):
 def test_gpu_path_streamed_sync_peak_memory_two_ranks(two_ranks, small_model_dir):
     """A sync from two ranks brings every weight back into the trainer's rollout model while
     the trainer's peak resident memory grows by about one bucket (8 MiB), far below a model
-    (~80 MB): measured with VmHWM, twice."""
+    (~76 MB): measured with VmHWM, twice."""
     model = two_ranks.rollout_model
     size = trainable_bytes(model)
     want = load_model(small_model_dir)
@@ -166,3 +166,23 @@ def test_gpu_path_stream_worker_failure_reaches_trainer():
     thread.join(timeout=60)
     assert isinstance(sender.error, RuntimeError)
     assert "ValueError: shape mismatch in layer 3" in str(sender.error)
+
+
+def test_gpu_path_server_devices_and_bucket_keys_are_checked():
+    """The server's own devices need the server placement on CUDA and enough ids for its
+    tensor-parallel workers; the sync's bucket must hold at least 1 MiB."""
+    from fixtures.config_helpers import config_problems as problems
+
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+    (p,) = problems(*vllm, "actor_rollout_ref.rollout.server_devices=[2,3]")
+    assert "rollout.server_devices: needs placement=server" in p
+    server = [*vllm, "actor_rollout_ref.rollout.placement=server"]
+    (p,) = problems(
+        *server,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.server_devices=[3,3]",
+    )
+    assert "at least tensor_model_parallel_size=2 distinct device ids" in p and "[3, 3]" in p
+    assert problems(*server, "actor_rollout_ref.rollout.server_devices=[2,3]") == []
+    (p,) = problems("actor_rollout_ref.rollout.update_weights_bucket_megabytes=0")
+    assert "update_weights_bucket_megabytes: must be >= 1 MiB" in p

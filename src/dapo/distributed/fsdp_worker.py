@@ -186,12 +186,12 @@ class FSDPActorWorker:
             )
         if spec.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        buffers = {n: b.clone() for n, b in model.named_buffers()}  # real: only parameters are on meta
+        # buffers are real (only parameters are on meta); to_empty would leave them uninitialised
+        buffers = {(m, n): b for m in model.modules() for n, b in m._buffers.items() if b is not None}
         shard_model(model, self.mesh, offload)
-        model.to_empty(device="cpu" if offload else self.device)
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                b.copy_(buffers[n])
+        model.to_empty(device="cpu" if offload else self.device)  # offloaded shards live on the CPU
+        for (module, name), b in buffers.items():
+            module._buffers[name] = b.to(self.device)  # computed with, so on the compute device
         self.load_rows = load_rank_rows(model, spec.model_path)
         return model.train()
 
