@@ -185,3 +185,19 @@ def test_gpu_path_server_failed_prefix_reset_is_fatal(server, model_dir):
     with pytest.raises(WeightSyncError, match=r"reset_prefix_cache\(\) returned \{'success': False\}"):
         server.update_weights(_moved(model_dir, 4))
     thread.join(timeout=300)
+
+
+def test_gpu_path_tensor_parallel_two_workers_pull_the_stream(model_dir):
+    """tensor_model_parallel_size=2 in process (the CPU build runs it; `dapo validate` still
+    holds CPU runs to 1): the two workers live in their own processes, each pulls the socket
+    stream and keeps its slice through vLLM's loaders; the new weights are seen (log-probs of
+    the moved model), and the trainer makes no copy of them."""
+    settings = VllmSettings.for_model(
+        "float32", 512, max_num_seqs=16, max_num_batched_tokens=512, tensor_model_parallel_size=2
+    )
+    eng = VllmRollout(str(model_dir), [EOS], PAD, settings, seed=1)
+    try:
+        ratios = _sync_and_check(eng, model_dir)
+    finally:
+        eng.shutdown()
+    assert max(ratios) < 0.25, ratios

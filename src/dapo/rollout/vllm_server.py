@@ -33,6 +33,7 @@ import json
 import os
 import resource
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def server_env(settings: VllmSettings, devices: list[int] | None) -> dict[str, s
     env = dict(os.environ, **engine_env(settings), VLLM_SERVER_DEV_MODE="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    if src not in site.getsitepackages():  # a source checkout: an installed dapo is importable as is
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(d)) for d in devices)
     return env
