@@ -150,9 +150,8 @@ def test_server_placement_sigkill_resume_matches_colocated(
             proc.kill()
             proc.wait()
     assert _wait_gone(pgid), "the vLLM server outlived the SIGKILLed trainer by 300 s"
-    # the guard also removed the server's weights directory in /dev/shm
-    shm = re.search(r"weights in ([^\s,]+)", log.read_text())
-    assert shm and not os.path.exists(shm.group(1))
+    # weights travel over a socket: the run leaves nothing in /dev/shm to clean up
+    assert "weights streamed over a local socket" in log.read_text()
 
     resumed = tmp_path / "resumed"
     _cut_to_step(run, resumed, 2)

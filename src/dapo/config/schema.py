@@ -336,8 +336,14 @@ class RolloutConfig:
     # null: true on cpu, false on cuda (vLLM samples seeded requests one row at a time)
     per_request_seed: bool | None = None
     # ours: "colocated" runs vLLM in the trainer's process (verl's hybrid engine); "server" starts a
-    # vLLM server process on 127.0.0.1 and talks HTTP to it (weights through a file in /dev/shm)
+    # vLLM server process on 127.0.0.1 and talks HTTP to it (weights streamed over a local socket)
     placement: str = "colocated"
+    # ours: the CUDA device ids the vLLM server runs on (its CUDA_VISIBLE_DEVICES, at least
+    # tensor_model_parallel_size of them); null shares the trainer's devices
+    server_devices: list[int] | None = None
+    # the most bytes (MiB) of weights one sync round carries from the actor ranks (verl's
+    # checkpoint_engine.update_weights_bucket_megabytes): the trainer holds one bucket at a time
+    update_weights_bucket_megabytes: int = 64
     # ours: vLLM's KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)
     cpu_kvcache_space_gb: float = 1.0
     # ours: seconds to wait for a vLLM server to answer its health check

@@ -161,6 +161,11 @@ def validate(cfg: Any) -> list[str]:
         )
     need(vk.n >= 1, f"actor_rollout_ref.rollout.val_kwargs.n: must be >= 1, got {vk.n}")
     need(
+        rollout.update_weights_bucket_megabytes >= 1,
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes: must be >= 1 MiB, "
+        f"got {rollout.update_weights_bucket_megabytes}",
+    )
+    need(
         rollout.name in ("hf", "vllm"),
         f"actor_rollout_ref.rollout.name: {rollout.name!r} is not available here; use hf or vllm",
     )
@@ -323,6 +328,15 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
         p.append(f"{key}.max_num_seqs and max_num_batched_tokens: must be >= 1")
     if rollout.cpu_kvcache_space_gb <= 0:
         p.append(f"{key}.cpu_kvcache_space_gb: must be > 0 GiB, got {rollout.cpu_kvcache_space_gb}")
+    devices = rollout.server_devices
+    if devices is not None:
+        if rollout.placement != "server" or cfg.trainer.device != "cuda":
+            p.append(f"{key}.server_devices: needs placement=server and trainer.device=cuda; set it to null")
+        elif len(set(devices)) < tp or any(int(d) < 0 for d in devices):
+            p.append(
+                f"{key}.server_devices: needs at least tensor_model_parallel_size={tp} distinct device ids "
+                f">= 0, got {list(devices)}"
+            )
     if cfg.algorithm.filter_groups.prefetch:
         p.append(
             f"{key}.name=vllm: algorithm.filter_groups.prefetch is not supported with vLLM yet; "

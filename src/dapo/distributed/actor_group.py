@@ -16,7 +16,8 @@ drives a worker group of FSDP ranks (processes or Ray actors). The distributed o
   the ranks, and lets the workers all-reduce the counts, so the update does not depend on the
   number of ranks beyond float rounding;
 * makes every split divisible by padding with zero-weight rows (logged; results dropped);
-* pushes the trained weights into the rollout model after each update (no disk round trip).
+* pushes the trained weights into the rollout model after each update, streamed in rounds of
+  at most ``rollout.update_weights_bucket_megabytes`` (``weight_sync``: no full copy, no disk).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dapo.distributed.partition import (
     rank_partitions,
     row_lengths,
 )
-from dapo.distributed.weight_sync import load_weights_into
+from dapo.distributed.weight_sync import check_covered, load_pieces_into
 from dapo.distributed.worker_group import WorkerGroup
 
 
@@ -107,9 +108,11 @@ class DistributedActor:
         lr_source: Any = None,
         rollout_model: torch.nn.Module | None = None,
         balance: bool = False,
+        bucket_megabytes: float = 64.0,
         log: Callable[[str], None] = print,
     ):
         self.group = group
+        self.bucket_megabytes = float(bucket_megabytes)
         self.world_size = group.world_size
         self.s = settings
         # ranks r*sp .. r*sp+sp-1 form an SP group that holds the same rows: data splits go to
@@ -249,15 +252,30 @@ class DistributedActor:
         return self.group.call_all("full_state_dict")[0]
 
     def sync_weights(self) -> dict[str, float]:
-        """Gather the trained weights (rank 0) and copy them into the rollout model in place."""
+        """Stream the trained weights from every rank into the rollout model in place, one round
+        (at most one bucket over all ranks) at a time; see ``dapo.distributed.weight_sync``."""
         t0 = time.perf_counter()
-        sd = self.full_state_dict()
-        nbytes = load_weights_into(self.rollout_model, sd)
+        rounds = max(self.group.call_all("weight_rounds", self.bucket_megabytes))
+        nbytes, seen = 0, {}
+        for i in range(rounds):
+            # a helper's locals: the round's tensors are freed before the next round arrives
+            nbytes += self._load_round(self.group.call_all("weight_round", i), seen)
+        check_covered(self.rollout_model, seen)
         self.last_sync = {
             "perf/weight_sync_s": time.perf_counter() - t0,
             "perf/weight_sync_mb": nbytes / 2**20,
+            "perf/weight_sync_rounds": float(rounds),
         }
         return dict(self.last_sync)
+
+    def _load_round(self, per_rank: list[list], seen: dict[str, int]) -> int:
+        nbytes = 0
+        for pieces in per_rank:
+            nbytes += load_pieces_into(self.rollout_model, pieces)
+            for name, _, rows in pieces:
+                seen[name] = seen.get(name, 0) + (rows.shape[0] if rows.dim() else 1)
+        per_rank.clear()
+        return nbytes
 
     def save_sharded(self, path: str) -> None:
         self.group.call_all("save_sharded", str(path))

@@ -140,6 +140,7 @@ def build_actor(
         lr_source=lr_source,
         rollout_model=rollout_model,
         balance=bool(cfg.trainer.balance_batch),
+        bucket_megabytes=float(cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes),
         log=log,
     )
     for note in out.info()[0]["notes"]:

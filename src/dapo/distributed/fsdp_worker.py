@@ -18,7 +18,11 @@ The worker wraps the single-process ``dapo.actor.dp_actor`` code, unchanged:
   ranks' partial gradients. ``use_remove_padding`` (sp = 1 too) runs the model's own forward
   with packed attention, so FSDP's hooks gather the sharded weights;
 * old / reference log-probs run on this rank's rows;
-* ``full_state_dict`` gathers the trained weights for the rollout engine (no disk);
+* the model is built on the meta device and each rank reads only its own rows of every
+  parameter from the checkpoint's safetensors files (``load_rank_rows``): no rank materialises
+  the full model;
+* ``weight_rounds`` / ``weight_round`` hand the trained weights to the driver in bounded pieces
+  (``dapo.distributed.weight_sync``); ``full_state_dict`` gathers them whole on rank 0 (tests);
 * ``save_sharded`` / ``load_sharded`` write and read a torch.distributed.checkpoint directory
   (one file per rank, loadable at any world size, also without torch.distributed).
 """
@@ -29,7 +33,10 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -154,8 +161,7 @@ class FSDPActorWorker:
                 "FSDP2 offloads parameters, gradients and optimizer state together (CPUOffloadPolicy): "
                 "param_offload and optimizer_offload both turn it on"
             )
-        self.model = self._load(spec)
-        shard_model(self.model, self.mesh, offload)
+        self.model = self._load(spec, offload)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
         )
@@ -164,19 +170,30 @@ class FSDPActorWorker:
         self.configure(s)
         self.ref_model = None
         if spec.use_ref:
-            self.ref_model = self._load(spec).eval().requires_grad_(False)
-            shard_model(self.ref_model, self.mesh, offload)
+            self.ref_model = self._load(spec, offload).eval().requires_grad_(False)
         self.init_s = time.perf_counter() - t0
 
-    def _load(self, spec: WorkerSpec) -> torch.nn.Module:
-        from dapo.model.loader import load_model
+    def _load(self, spec: WorkerSpec, offload: bool) -> torch.nn.Module:
+        """The model, sharded on this rank's mesh, with this rank's rows read from the checkpoint."""
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        model = load_model(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        config = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
         for k, v in (spec.override_config or {}).items():
-            setattr(model.config, k, v)
+            setattr(config, k, v)
+        with parameters_on_meta():
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, trust_remote_code=spec.trust_remote_code
+            )
         if spec.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        return model.to(self.device).train()
+        # buffers are real (only parameters are on meta); to_empty would leave them uninitialised
+        buffers = {(m, n): b for m in model.modules() for n, b in m._buffers.items() if b is not None}
+        shard_model(model, self.mesh, offload)
+        model.to_empty(device="cpu" if offload else self.device)  # offloaded shards live on the CPU
+        for (module, name), b in buffers.items():
+            module._buffers[name] = b.to(self.device)  # computed with, so on the compute device
+        self.load_rows = load_rank_rows(model, spec.model_path)
+        return model.train()
 
     def configure(self, settings: ActorSettings) -> None:
         """(Re)build the single-process actor on this rank's model and optimizer. It sees one
@@ -242,6 +259,8 @@ class FSDPActorWorker:
             "mesh": tuple(self.mesh.shape),
             "sp": self.sp,
             "init_s": self.init_s,
+            "init": "meta",
+            "load_rows": self.load_rows,
             "notes": self.notes,
             "pid": os.getpid(),
         }
@@ -323,6 +342,21 @@ class FSDPActorWorker:
 
     # ------------------------------------------------------------------ weights
 
+    def weight_rounds(self, bucket_megabytes: float) -> int:
+        """Plan this rank's pieces of the trained weights into rounds of at most
+        ``bucket_megabytes / world`` bytes (``weight_sync.plan_rounds``); their number."""
+        from dapo.distributed.weight_sync import bucket_bytes, plan_rounds
+
+        self._rounds = plan_rounds(self.model, max(1, bucket_bytes(bucket_megabytes) // self.world))
+        return len(self._rounds)
+
+    def weight_round(self, i: int) -> list:
+        """Round ``i`` of the planned pieces as ``(name, first row, rows)`` on the CPU ([] past the end)."""
+        from dapo.distributed.weight_sync import round_pieces
+
+        rounds = getattr(self, "_rounds", [])
+        return round_pieces(self.model, rounds[i]) if i < len(rounds) else []
+
     def full_state_dict(self, trainable_only: bool = True) -> dict[str, torch.Tensor] | None:
         """The unsharded weights on rank 0 (CPU), None elsewhere; collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -349,6 +383,88 @@ class FSDPActorWorker:
                 dist.barrier()
             finally:
                 dist.destroy_process_group()
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory) while buffers
+    stay real: rotary tables and other non-persistent buffers are computed at construction and
+    are in no checkpoint."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def checkpoint_files(path: str) -> dict[str, str]:
+    """Parameter name -> the safetensors file holding it, for a Hugging Face model directory."""
+    import json
+
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {k: str(root / v) for k, v in weight_map.items()}
+    single = root / "model.safetensors"
+    if not single.exists():
+        from dapo.errors import DapoError
+
+        raise DapoError(
+            f"actor_rollout_ref.model.path={path}: FSDP ranks read their shards from safetensors files, "
+            "and this directory has none; re-save the model with save_pretrained(safe_serialization=True)"
+        )
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {k: str(single) for k in f.keys()}
+
+
+def load_rank_rows(model: torch.nn.Module, path: str) -> int:
+    """Copy this rank's rows of every parameter (``weight_sync.local_rows``: FSDP2 shards dim 0)
+    from the checkpoint, reading only those rows (safetensors slices are memory-mapped reads).
+    A tied output layer that the checkpoint omits takes its embedding's rows. Returns the rows read."""
+    from safetensors import safe_open
+
+    from dapo.distributed.weight_sync import local_rows
+
+    files = checkpoint_files(path)
+    tied = {n: n for n in files}
+    inputs = getattr(model, "get_input_embeddings", lambda: None)()
+    if inputs is not None and "lm_head.weight" not in files:
+        for n, p in model.named_parameters():
+            if p is inputs.weight:
+                tied["lm_head.weight"] = n
+    handles: dict[str, Any] = {}
+    rows_read = 0
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                src = tied.get(name)
+                if src is None:
+                    raise KeyError(f"{path}: the checkpoint has no tensor {name}")
+                local, offset, _ = local_rows(p)
+                file = files[src]
+                if file not in handles:
+                    handles[file] = safe_open(file, framework="pt").__enter__()
+                if local.dim() == 0:
+                    local.copy_(handles[file].get_tensor(src))
+                    continue
+                n = local.shape[0]
+                if n:
+                    local.copy_(handles[file].get_slice(src)[offset : offset + n])
+                    rows_read += n
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    return rows_read
 
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, path: str) -> None:

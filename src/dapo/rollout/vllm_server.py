@@ -3,13 +3,20 @@
 Same interface as :class:`dapo.rollout.vllm_rollout.VllmRollout`; the trainer's process never
 imports vLLM. dapo starts the server (``python -m vllm.entrypoints.launchers.api_server.entry``
 with ``vllm serve``'s flags), waits for ``/health``, generates through the token-in/token-out
-endpoint ``/inference/v1/generate`` (one HTTP request per prompt, all in flight at once, so the
-engine batches them), and stops it at the end.
+endpoint ``/inference/v1/generate`` (one HTTP request per prompt, all in flight at once on
+asyncio connections, bounded only by the process's open-file limit, so the engine schedules
+them all), and stops it at the end. ``rollout.server_devices`` puts the server on CUDA devices
+of its own (its ``CUDA_VISIBLE_DEVICES``).
 
-Weights: each sync writes the actor's tensors as one safetensors file in a private directory
-under /dev/shm (memory, not disk), asks every worker to ``reload_weights`` from it
-(``/collective_rpc``, a development endpoint: ``VLLM_SERVER_DEV_MODE=1``), drops the prefix
-cache (``/reset_prefix_cache``) and deletes the file.
+Weights: each sync streams the actor's tensors over a local socket straight from the trainer's
+memory (:mod:`dapo.rollout.vllm_weight_stream`: no copy, no file): the trainer listens, asks
+every worker through ``/collective_rpc`` (a development endpoint: ``VLLM_SERVER_DEV_MODE=1``) to
+connect and feed the stream to ``reload_weights``, then drops the prefix cache
+(``/reset_prefix_cache``); a reset the server reports as failed stops the run.
+
+Sleep (CUDA with ``free_cache_engine``): between generations the server sleeps at level 1
+(``/sleep``); a sync wakes the weights first, loads, then wakes the KV cache, so the cache is
+not allocated while weights arrive.
 
 The server never outlives the trainer: it runs under a small guard process
 (``vllm_server_guard.py``) in a session (process group) of its own. The guard holds a
@@ -20,11 +27,13 @@ kills the whole group, vLLM's engine and worker processes included;
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
-import shutil
+import resource
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -33,19 +42,21 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dapo.rollout.vllm_rollout import (
+    WEIGHT_RECEIVER,
     VllmEngineBase,
     VllmSettings,
     WeightSyncError,
+    check_prefix_cache_reset,
     engine_env,
     state_dict_for_vllm,
 )
+from dapo.rollout.vllm_weight_stream import WeightSender
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 GUARD = Path(__file__).with_name("vllm_server_guard.py")
@@ -84,9 +95,64 @@ def server_args(model_path: str, settings: VllmSettings, port: int, seed: int) -
     if kw.get("enable_chunked_prefill") is False:
         args.append("--no-enable-chunked-prefill")
     args.append("--enable-scale-out")  # the token-in/token-out endpoint
+    args += ["--worker-extension-cls", WEIGHT_RECEIVER]
     if settings.tensor_model_parallel_size == 1:
         args += ["--distributed-executor-backend", "uni"]  # the worker in the engine's process
     return args
+
+
+def server_env(settings: VllmSettings, devices: list[int] | None) -> dict[str, str]:
+    """The server's environment: the engine's, the development endpoints, dapo importable (the
+    workers load the weight receiver), and its own CUDA devices when ``devices`` is given."""
+    env = dict(os.environ, **engine_env(settings), VLLM_SERVER_DEV_MODE="1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    src = str(Path(__file__).resolve().parents[2])
+    if src not in site.getsitepackages():  # a source checkout: an installed dapo is importable as is
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(d)) for d in devices)
+    return env
+
+
+def connection_limit() -> int:
+    """How many HTTP requests may be open at once: the open-file limit less room for the
+    trainer's own files."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(32, soft - 256) if soft != resource.RLIM_INFINITY else 1 << 16
+
+
+async def _post_json(port: int, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            + data
+        )
+        await writer.drain()
+        raw = await reader.read()
+    finally:
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1]) if lines and len(lines[0].split()) > 1 else 0
+    if any(h.lower().startswith("transfer-encoding:") and "chunked" in h.lower() for h in lines[1:]):
+        payload = _dechunk(payload)
+    return status, payload
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while True:
+        j = data.index(b"\r\n", i)
+        size = int(data[i:j].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[j + 2 : j + 2 + size]
+        i = j + 2 + size + 2
 
 
 def parse_choices(response: dict[str, Any]) -> list[tuple[list[int], list[float], bool]]:
@@ -111,14 +177,18 @@ class VllmServerRollout(VllmEngineBase):
         seed: int = 0,
         startup_timeout_s: float = 300.0,
         python: str | None = None,
+        devices: list[int] | None = None,
     ):
         super().__init__(eos_token_ids, pad_token_id, settings, seed)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._shm = Path(tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=_shm_root()))
         self._log = tempfile.NamedTemporaryFile(prefix="dapo-vllm-server-", suffix=".log", delete=False)
-        env = dict(os.environ, **engine_env(settings), VLLM_SERVER_DEV_MODE="1")
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        env = server_env(settings, devices)
+        self.devices = devices
+        self.in_flight = 0  # HTTP requests open now, and the most at once (generation stats)
+        self.max_in_flight = 0
+        self._sleeps = settings.device == "cuda" and settings.free_cache_engine
+        self._asleep = False
         server = [
             python or sys.executable,
             "-m",
@@ -126,15 +196,15 @@ class VllmServerRollout(VllmEngineBase):
             *server_args(model_path, settings, self.port, seed),
         ]
         self.proc = subprocess.Popen(
-            [sys.executable, str(GUARD), str(os.getpid()), str(self._shm), *server],
+            [sys.executable, str(GUARD), str(os.getpid()), *server],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # its own process group, which the guard kills as a whole
         )
         atexit.register(self.shutdown)
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dapo-vllm-http")
         self._wait_healthy(startup_timeout_s)
+        self._sleep()
 
     # ------------------------------------------------------------------ process
     def _log_tail(self, lines: int = 15) -> str:
@@ -168,7 +238,7 @@ class VllmServerRollout(VllmEngineBase):
         )
 
     def shutdown(self) -> None:
-        """Kill the server's process group (idempotent) and remove the weights directory."""
+        """Kill the server's process group (idempotent)."""
         proc = getattr(self, "proc", None)
         if proc is not None:
             try:
@@ -182,15 +252,6 @@ class VllmServerRollout(VllmEngineBase):
                 pass
             proc.wait()
             self.proc = None
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False)
-            self._pool = None
-        shutil.rmtree(getattr(self, "_shm", ""), ignore_errors=True)
-
-    @property
-    def weights_dir(self) -> str:
-        return str(self._shm)
 
     @property
     def log_path(self) -> str:
@@ -221,25 +282,68 @@ class VllmServerRollout(VllmEngineBase):
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
     ) -> list[list[tuple[list[int], list[float], bool]]]:
         bodies = [{"token_ids": list(p), "sampling_params": r} for p, r in zip(prompt_ids, requests)]
-        responses = list(self._pool.map(lambda b: self._post("/inference/v1/generate", b), bodies))
+        self._wake()
+        try:
+            responses = asyncio.run(self._generate_all(bodies))
+        finally:
+            self._sleep()
         return [parse_choices(r) for r in responses]
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        from safetensors.torch import save_file
+    async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[Any]:
+        gate = asyncio.Semaphore(connection_limit())
 
-        weights = {k: v.contiguous().clone() for k, v in state_dict_for_vllm(model).items()}
-        path = self._shm / "model.safetensors"
+        async def one(body: dict[str, Any]) -> Any:
+            async with gate:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                try:
+                    status, raw = await _post_json(self.port, "/inference/v1/generate", body)
+                except (ConnectionError, OSError) as e:
+                    raise ServerError(
+                        f"/inference/v1/generate: the vLLM server at {self.url} did not answer ({e})"
+                    ) from e
+                finally:
+                    self.in_flight -= 1
+            if status != 200:
+                raise ServerError(
+                    f"/inference/v1/generate: HTTP {status}: {raw[:500].decode(errors='replace')}"
+                )
+            return json.loads(raw)
+
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Stream the actor's tensors to every worker (no copy, no file), then drop the prefix
+        cache; any failure, a refused reset included, raises :class:`WeightSyncError`."""
+        weights = state_dict_for_vllm(model)
+        sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
-            save_file(weights, str(path))
-            self._post(
-                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self._shm)}}
-            )
-            self._post("/reset_prefix_cache")
+            self._wake(["weights"])
+            thread = sender.send_in_thread(weights.items())
+            try:
+                self._post("/collective_rpc", {"method": "dapo_receive_weights", "kwargs": sender.address()})
+            finally:
+                sender.close()
+                thread.join()
+            if sender.error is not None:
+                raise sender.error
+            del weights
+            self._wake(["kv_cache"])
+            check_prefix_cache_reset(self._post("/reset_prefix_cache"))
         except Exception as e:
             raise WeightSyncError(e) from e
         finally:
-            path.unlink(missing_ok=True)
+            self._sleep()
 
+    def _sleep(self) -> None:
+        if self._sleeps and not self._asleep:
+            self._post("/sleep?level=1")
+            self._asleep = True
 
-def _shm_root() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    def _wake(self, tags: list[str] | None = None) -> None:
+        if not self._asleep:
+            return
+        query = "&".join(f"tags={t}" for t in tags or [])
+        self._post("/wake_up" + (f"?{query}" if query else ""))
+        if tags is None or "kv_cache" in tags:
+            self._asleep = False

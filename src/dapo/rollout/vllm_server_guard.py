@@ -1,10 +1,10 @@
 """Runs a vLLM server as its child and takes its whole process group down with the trainer.
 
 Started by :class:`dapo.rollout.vllm_server.VllmServerRollout` as
-``python vllm_server_guard.py TRAINER_PID WEIGHTS_DIR COMMAND...`` in a session of its own (run by path, so
+``python vllm_server_guard.py TRAINER_PID COMMAND...`` in a session of its own (run by path, so
 it imports nothing of dapo, torch or vLLM). It asks the kernel for SIGTERM when its parent (the
 trainer) dies, for any reason including SIGKILL; on SIGTERM or SIGINT, or when the server
-exits, it removes the weights directory (in /dev/shm: memory) and SIGKILLs its process group:
+exits, it SIGKILLs its process group:
 the server and every process vLLM started (engine core, workers), which a parent-death signal
 on the server alone would leave behind.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,17 +20,12 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-_weights_dir = ""
-
-
 def _kill_group(*_: object) -> None:
-    shutil.rmtree(_weights_dir, ignore_errors=True)
     os.killpg(0, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:
-    global _weights_dir
-    trainer_pid, _weights_dir, command = int(argv[0]), argv[1], argv[2:]
+    trainer_pid, command = int(argv[0]), argv[1:]
     signal.signal(signal.SIGTERM, _kill_group)
     signal.signal(signal.SIGINT, _kill_group)
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

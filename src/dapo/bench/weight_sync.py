@@ -1,0 +1,182 @@
+"""How much a weight sync raises the trainer's peak memory: FSDP ranks -> the trainer's rollout
+model (``DistributedActor.sync_weights``) -> vLLM (``update_weights``), in either placement.
+
+The trainer's peak resident set is read from ``/proc/self/status`` (``VmHWM``) after resetting
+it (``/proc/self/clear_refs``), so each figure is the peak reached during that one call above
+the resident set before it. ``benchmarks/weight_sync_memory.py`` runs the grid; the tests run
+one small point of it.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# random-weight models of real shapes (their configs, not their weights)
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(
+        arch="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        arch="qwen2",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+    # ~76 MB in fp32: big enough that a full copy stands out of the interpreter's noise, with a
+    # small embedding (5%: vLLM's CPU reload of the largest layer is what colocated syncs add)
+    "small": dict(
+        arch="llama",
+        vocab_size=2048,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def save_random_model(out: str | Path, shape: str, seed: int = 0) -> Path:
+    """A model of ``SHAPES[shape]`` with random weights, saved as a Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    kw = dict(SHAPES[shape])
+    arch = kw.pop("arch")
+    config_cls, model_cls = (
+        (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    )
+    torch.manual_seed(seed)
+    out = Path(out)
+    model_cls(config_cls(bos_token_id=1, eos_token_id=2, pad_token_id=0, **kw)).save_pretrained(out)
+    return out
+
+
+def trainable_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's trainable parameters (tied ones once): "the model's size"."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+class PeakRss:
+    """``with PeakRss() as m: ...``; then ``m.raised`` is the peak resident bytes reached inside
+    above the resident bytes at entry (Linux only)."""
+
+    def __enter__(self) -> PeakRss:
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        self.before = _status_kib("VmRSS") * 1024
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.raised = max(0, _status_kib("VmHWM") * 1024 - self.before)
+
+
+def scramble(model: torch.nn.Module) -> None:
+    """Overwrite the rollout model's weights so that a sync has to bring every one back."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+
+
+def measure_sync(
+    model_dir: str | Path,
+    placement: str,
+    ranks: int,
+    bucket_megabytes: float,
+    repeats: int = 2,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Start ``ranks`` FSDP ranks (local processes) and a vLLM engine in ``placement`` on the
+    model, then sync ``repeats`` times; per sync, the trainer's peak raise of the ranks -> rollout
+    model part, of the rollout model -> vLLM part and of both, in bytes and as a share of the
+    model's size. Checks that the rollout model got the ranks' weights."""
+    from dapo.actor.dp_actor import actor_settings
+    from dapo.distributed import DistributedActor, ProcessWorkerGroup
+    from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
+    from dapo.model.loader import load_model
+    from dapo.rollout.vllm_rollout import VllmSettings
+
+    settings = actor_settings(ppo_micro_batch_size_per_gpu=1)
+    rollout_model = load_model(model_dir).eval().requires_grad_(True)
+    size = trainable_bytes(rollout_model)
+    group = ProcessWorkerGroup(
+        worker_factory(WorkerSpec(model_path=str(model_dir), settings=settings)), ranks
+    )
+    actor = DistributedActor(group, settings, rollout_model=rollout_model, bucket_megabytes=bucket_megabytes)
+    vs = VllmSettings.for_model("float32", 256, max_num_seqs=8, max_num_batched_tokens=256)
+    if placement == "server":
+        from dapo.rollout.vllm_server import VllmServerRollout
+
+        engine: Any = VllmServerRollout(str(model_dir), [2], 0, vs, seed=0)
+    else:
+        from dapo.rollout.vllm_rollout import VllmRollout
+
+        engine = VllmRollout(str(model_dir), [2], 0, vs, seed=0)
+    want = load_model(model_dir)
+    syncs = []
+    try:
+        for i in range(repeats):
+            scramble(rollout_model)
+            with PeakRss() as ranks_part:
+                actor.sync_weights()
+            with PeakRss() as vllm_part:
+                engine.update_weights(rollout_model)
+            # the whole sync's peak above its start (the second part starts where the first ended)
+            whole = max(ranks_part.raised, vllm_part.before + vllm_part.raised - ranks_part.before)
+            for n, p in want.named_parameters():
+                if not torch.equal(p, dict(rollout_model.named_parameters())[n]):
+                    raise AssertionError(f"sync {i}: {n} did not arrive")
+            syncs.append(
+                {
+                    "ranks_to_trainer": ranks_part.raised,
+                    "trainer_to_vllm": vllm_part.raised,
+                    "whole": whole,
+                    "ratio": whole / size,
+                    "rounds": actor.last_sync["perf/weight_sync_rounds"],
+                }
+            )
+            log(f"  sync {i}: peak raise {whole / 2**20:.1f} MiB = {whole / size:.3f} x model")
+    finally:
+        engine.shutdown()
+        actor.shutdown()
+    return {
+        "placement": placement,
+        "ranks": ranks,
+        "bucket_megabytes": bucket_megabytes,
+        "model_bytes": size,
+        "syncs": syncs,
+        "max_ratio": max(s["ratio"] for s in syncs),
+    }
