@@ -235,10 +235,9 @@ class EngineWorker:
         self._submits: list[tuple[Any, list[int]]] = []
         self._drops: list[Any] = []
         self._weights: tuple[dict[str, torch.Tensor], int] | None = None
-        self._paused = False
+        self._idle = self._hold = False  # validation's pause, the staleness bound's pause
         self._idle_ack = False
         self._stop = False
-        self.paused_s = 0.0
         self.syncs = 0
         self._thread = threading.Thread(target=self._run, name="dapo-generation", daemon=True)
         self._thread.start()
@@ -263,12 +262,23 @@ class EngineWorker:
         with self._cv:
             return self.engine.oldest_versions()
 
+    def hold(self, on: bool) -> None:
+        """Pause decoding (the requests in flight keep their tokens) or go on; does not wait."""
+        with self._cv:
+            if self._hold != on:
+                self._hold = on
+                self._cv.notify_all()
+
+    @property
+    def _paused(self) -> bool:
+        return self._idle or self._hold
+
     @contextmanager
     def idle(self) -> Iterator[None]:
         """Inside: the published weights are loaded and the engine runs no request of ours (they
         are suspended with their tokens and resumed afterwards)."""
         with self._cv:
-            self._paused, self._idle_ack = True, False
+            self._idle, self._idle_ack = True, False
             self._cv.notify_all()
             while not self._idle_ack and self._thread.is_alive():
                 self._cv.wait(0.5)
@@ -276,7 +286,7 @@ class EngineWorker:
             yield
         finally:
             with self._cv:
-                self._paused = False
+                self._idle = False
                 self._cv.notify_all()
 
     def _run(self) -> None:
@@ -300,9 +310,9 @@ class EngineWorker:
                         self.syncs += 1
                     if paused and held is None:
                         held = eng.suspend()
+                    if paused:
                         self._idle_ack = True
                         self._cv.notify_all()
-                        continue
                     if not paused and held is not None:
                         eng.resume(held)
                         held = None
@@ -321,7 +331,7 @@ class EngineWorker:
         if self._drops or self._weights is not None:
             return True
         if self._paused:
-            return not holding
+            return not holding or (self._idle and not self._idle_ack)
         return holding or bool(self._submits) or bool(self.engine._by_rid)
 
     def close(self) -> None:

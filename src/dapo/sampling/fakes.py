@@ -189,3 +189,83 @@ class FakeGroupStream:
         self._flight = []
         self.aborted_tokens += tokens
         return groups, tokens
+
+
+class FakeGroupEngine:
+    """The generation side of :class:`~dapo.sampling.async_loop.AsyncSampler` without a model.
+
+    A group submitted at policy version ``v`` finishes once ``delay(prompt_ids)`` further
+    versions have been published (0: at once); its first half of tokens is stamped ``v``, the rest
+    with the version it finished at (:func:`fake_finish` packs it). ``hold(True)`` pauses
+    decoding: nothing finishes until it is released."""
+
+    def __init__(self, delay: Callable[[list[int]], int] = lambda p: 0) -> None:
+        import queue
+        import threading
+
+        self.finished: Any = queue.Queue()
+        self.delay, self.version, self.held, self.ever_held = delay, 0, False, False
+        self._lock = threading.Lock()
+        self._flight: dict[Any, list] = {}  # key -> [prompt, start version, updates left]
+        self.submitted: list[Any] = []
+        self.dropped: list[Any] = []
+
+    def submit(self, key: Any, prompt: list[int]) -> None:
+        with self._lock:
+            self._flight[key] = [list(prompt), self.version, int(self.delay(list(prompt)))]
+            self.submitted.append(key)
+            self._release()
+
+    def drop(self, keys: list[Any]) -> None:
+        with self._lock:
+            for k in keys:
+                if self._flight.pop(k, None) is not None:
+                    self.dropped.append(k)
+
+    def oldest_versions(self) -> dict[Any, int]:
+        with self._lock:
+            return {k: f[1] for k, f in self._flight.items()}
+
+    def hold(self, on: bool) -> None:
+        with self._lock:
+            self.held = on
+            self.ever_held |= on
+            self._release()
+
+    def publish(self, version: int) -> None:
+        with self._lock:
+            self.version = int(version)
+            for f in self._flight.values():
+                f[2] -= 1
+            self._release()
+
+    def _release(self) -> None:
+        if self.held:
+            return
+        for k in [k for k, f in self._flight.items() if f[2] <= 0]:
+            prompt, start, _ = self._flight.pop(k)
+            self.finished.put(_FakeGroup(k, prompt, start, self.version))
+
+
+class _FakeGroup:
+    def __init__(self, key: Any, prompt: list[int], start: int, end: int) -> None:
+        self.key, self.prompt, self.start, self.end = key, prompt, start, end
+
+
+def fake_finish(rollout: FakeRollout) -> Callable[[list[dict], list[Any]], Batch]:
+    """``finish(rows, groups)`` for :class:`FakeGroupEngine`: ``rollout``'s scored batch with
+    each group's ``token_versions`` (first half of each response at its start version)."""
+
+    def finish(rows: list[dict], groups: list[Any]) -> Batch:
+        b = rollout(rows)
+        mask = b.tensors["response_mask"] > 0
+        versions = torch.full(mask.shape, -1, dtype=torch.long)
+        for i, g in enumerate(groups):
+            for j in range(i * rollout.n, (i + 1) * rollout.n):
+                ln = int(mask[j].sum())
+                versions[j, :ln] = g.end
+                versions[j, : (ln + 1) // 2] = g.start
+        b.tensors["token_versions"] = versions
+        return b
+
+    return finish

@@ -1,0 +1,173 @@
+"""Dynamic sampling inside async training (``dapo.sampling.async_loop``) on the sampling layer's
+fakes: the staleness bound (drop and wait), the round budget when every group is filtered, the
+kept groups across a checkpoint, and the per-batch version figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dapo.batch import Batch
+from dapo.config.sampling import FilterGroupsConfig
+from dapo.sampling import DynamicBatcher, GenerationBudgetExhausted
+from dapo.sampling.async_loop import AsyncSampler, version_metrics
+from dapo.sampling.fakes import FakeGroupEngine, FakeRollout, ListSource, bernoulli, fake_finish
+
+N, B = 4, 4
+
+
+def rows(num: int) -> list[dict]:
+    return [
+        {"index": i, "prompt_ids": [i], "data_source": "fake", "reward_model": {"ground_truth": "x"}}
+        for i in range(num)
+    ]
+
+
+def build(cfg: FilterGroupsConfig, acc, delay=lambda p: 0, k=1, action="drop", state=None, num=32):
+    batcher = DynamicBatcher(cfg, B, 8, N, seed=0)
+    source = ListSource(rows(num), seed=0)
+    if state is not None:
+        batcher.load_state_dict(state["batcher"])
+        source.load_state_dict(state["source"])
+    engine = FakeGroupEngine(delay)
+    engine.version = batcher.version
+    a = AsyncSampler(
+        batcher,
+        source,
+        engine,
+        fake_finish(FakeRollout(N, acc, seed=1)),
+        max_off_policy_threshold=k,
+        off_policy_action=action,
+    )
+    return batcher, source, engine, a
+
+
+def train(a: AsyncSampler, engine: FakeGroupEngine, steps: int) -> list:
+    out = []
+    for _ in range(steps):
+        step = a.next_batch()
+        out.append(step)
+        if step.action == "train":
+            engine.publish(a.advance())  # the update, then its weights to the engine
+    return out
+
+
+HALF = bernoulli(lambda r: 0.5)
+
+
+@pytest.mark.parametrize("action", ["drop", "wait"])
+def test_async_staleness_bound_is_honoured(action):
+    # prompt 0 takes 3 policy updates to finish: beyond a bound of 1 it can never be trained. (The
+    # fake's slow group finishes by updates, not by tokens, so a fake engine full of slow groups
+    # would wait for an update forever; one slow prompt among 32 never fills it.)
+    cfg = FilterGroupsConfig(enable=True, max_staleness=1)
+    batcher, _, engine, a = build(cfg, HALF, delay=lambda p: 3 if p[0] == 0 else 0, k=1, action=action)
+    try:
+        steps = train(a, engine, 12)  # >= 48 prompts: prompt 0 is launched by step 8
+    finally:
+        a.close()
+    trained = [s for s in steps if s.action == "train"]
+    assert len(trained) == 12
+    for s in trained:
+        assert len(s.batch) == B * N
+        stale = [int(x) for x in s.batch["staleness"]]
+        assert max(stale) <= 1 and s.metrics["async/staleness_max"] <= 1
+        # a group's staleness is counted from its oldest token
+        versions = s.batch.tensors["token_versions"]
+        live = versions >= 0
+        for row in range(len(s.batch)):
+            oldest = int(versions[row][live[row]].min())
+            assert int(s.batch["gen_version"][row]) == oldest
+            assert int(s.batch["staleness"][row]) == s.metrics["async/policy_version"] - oldest
+        assert 0 not in [int(i) for i in s.batch["index"]]  # the slow prompt never made it
+    # the slow groups in flight were dropped once they could no longer make the bound
+    assert a.totals["dropped_in_flight"] > 0 and engine.dropped
+    assert batcher.version == 12
+    if action == "wait":
+        assert engine.ever_held  # the pool reached its lead and decoding paused
+
+
+def test_async_wait_holds_the_pool_to_its_lead():
+    cfg = FilterGroupsConfig(enable=True, max_staleness=2)
+    batcher, _, engine, a = build(cfg, HALF, k=2, action="wait")
+    try:
+        for _ in range(2):
+            a.next_batch()
+            seen = []
+            with a.cv:  # the pool fills to k batches, then generation holds
+                while not (engine.held and len(batcher.pool) >= 2 * B):
+                    a.cv.wait(0.1)
+                    seen.append(len(batcher.pool))
+                for _ in range(5):  # held: nothing more comes in
+                    a.cv.wait(0.1)
+                    seen.append(len(batcher.pool))
+            # what was in flight when decoding paused can only add the groups launched for it
+            assert max(seen) <= 2 * B + batcher.gen_batch_size
+    finally:
+        a.close()
+
+
+def test_async_every_prompt_filtered_round_budget_answers():
+    never = bernoulli(lambda r: 0.0)  # every group all wrong: nothing is ever kept
+    cfg = FilterGroupsConfig(enable=True, max_num_gen_batches=2, on_exhausted="train")
+    batcher, source, engine, a = build(cfg, never)
+    try:
+        steps = train(a, engine, 3)
+    finally:
+        a.close()
+    for s in steps:
+        assert s.action == "skip" and s.batch is None
+        assert s.metrics["dynamic_sampling/filtered_all_wrong"] == 2 * 8  # the budget: 2 x gen_batch_size
+        assert s.metrics["train/num_gen_batches"] == 2
+    assert batcher.version == 0 and len(engine.submitted) == 3 * 16
+
+    cfg = FilterGroupsConfig(enable=True, max_num_gen_batches=1, on_exhausted="error")
+    _, _, engine, a = build(cfg, never)
+    try:
+        with pytest.raises(GenerationBudgetExhausted, match="max_num_gen_batches=1"):
+            a.next_batch()
+    finally:
+        a.close()
+
+
+def test_async_kept_groups_survive_a_checkpoint_resume():
+    cfg = FilterGroupsConfig(enable=True, max_staleness=2)
+    batcher, source, engine, a = build(cfg, HALF, k=2, action="wait")
+    try:
+        train(a, engine, 2)
+        with a.cv:  # the pool fills ahead of the trainer, then a checkpoint is taken
+            while not engine.held:
+                a.cv.wait(0.2)
+            state = {"batcher": batcher.state_dict(), "source": source.state_dict()}
+            saved = [str(g.batch["uid"][0]) for g in batcher.pool]
+    finally:
+        a.close()
+    assert len(saved) >= 2 * B
+    # a new process: the batcher and the prompt source from the checkpoint
+    batcher2, _, engine2, a2 = build(cfg, HALF, k=2, action="wait", state=state)
+    try:
+        first, second = train(a2, engine2, 2)
+    finally:
+        a2.close()
+    got = [str(u) for u in first.batch["uid"][::N]] + [str(u) for u in second.batch["uid"][::N]]
+    assert got == saved[: 2 * B]  # the saved groups, oldest first, none lost
+    assert first.metrics["async/staleness_max"] <= 2
+
+
+def test_async_version_metrics_by_hand():
+    # two groups of two rows: group 0 crossed a sync (versions 3 then 4), group 1 is all version 4
+    v = torch.tensor([[3, 3, 4, -1], [3, 4, -1, -1], [4, 4, 4, 4], [4, -1, -1, -1]])
+    b = Batch(
+        tensors={"token_versions": v},
+        non_tensors={"staleness": np.asarray([2, 2, 1, 1], dtype=object)},
+    )
+    m = version_metrics(b, 2)
+    assert m == {
+        "async/staleness_mean": 1.5,
+        "async/staleness_max": 2.0,
+        "async/min_token_version": 3.0,
+        "async/max_token_version": 4.0,
+        "async/partial_groups": 1.0,
+        "async/version_span_max": 1.0,
+    }
