@@ -137,7 +137,7 @@ def test_async_kept_groups_survive_a_checkpoint_resume():
     try:
         train(a, engine, 2)
         with a.cv:  # the pool fills ahead of the trainer, then a checkpoint is taken
-            while not engine.held:
+            while len(batcher.pool) < 2 * B:
                 a.cv.wait(0.2)
             state = {"batcher": batcher.state_dict(), "source": source.state_dict()}
             saved = [str(g.batch["uid"][0]) for g in batcher.pool]
