@@ -549,6 +549,22 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    # sync: generate, then update; colocate_async: generation runs on its own thread and engine
+    # (in-process vLLM) and never waits for the update, weights reach it between two engine steps;
+    # separate_async (generation in its own process or devices) is not available yet
+    mode: str = "sync"
+    # a group is trained at most this many policy updates after its oldest token was generated
+    max_off_policy_threshold: int = 2
+    # beyond the bound: "drop" (generation never pauses; groups that can no longer make it are
+    # thrown away) or "wait" (decoding pauses once the pool holds the batches the bound allows)
+    off_policy_action: str = "drop"
+    # at a weight sync, requests in flight go on under the new weights from their tokens so far
+    # (false: they start again from the prompt)
+    partial_rollout: bool = True
+
+
+@dataclass
 class DapoConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -556,3 +572,4 @@ class DapoConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)

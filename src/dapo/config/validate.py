@@ -172,6 +172,7 @@ def validate(cfg: Any) -> list[str]:
     if rollout.name == "vllm":
         p.extend(_vllm_problems(rollout, cfg))
     p.extend(_stream_problems(cfg))
+    p.extend(_async_problems(cfg))
     p.extend(multi_turn_problems(rollout.multi_turn))
 
     rc = alg.rollout_correction
@@ -342,6 +343,54 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
             f"{key}.name=vllm: algorithm.filter_groups.prefetch is not supported with vLLM yet; "
             "set algorithm.filter_groups.prefetch=false"
         )
+    return p
+
+
+ASYNC_MODES = ("sync", "colocate_async", "separate_async")
+
+
+def _async_problems(cfg: Any) -> list[str]:
+    """``async_training``: what the async loop supports (in-process vLLM, one actor rank,
+    nothing that needs the actor while generating)."""
+    at, key = cfg.async_training, "async_training"
+    if at.mode not in ASYNC_MODES:
+        return [f"{key}.mode: must be one of {', '.join(ASYNC_MODES)}, got {at.mode!r}"]
+    p = []
+    k = at.max_off_policy_threshold
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        p.append(f"{key}.max_off_policy_threshold: must be an integer >= 0 (policy updates), got {k!r}")
+    if at.off_policy_action not in ("drop", "wait"):
+        p.append(f"{key}.off_policy_action: must be drop or wait, got {at.off_policy_action!r}")
+    if at.mode == "sync":
+        return p
+    if at.mode == "separate_async":
+        return p + [f"{key}.mode=separate_async is not available yet; use colocate_async"]
+    r, alg, fg = cfg.actor_rollout_ref.rollout, cfg.algorithm, cfg.algorithm.filter_groups
+    why = [
+        (
+            r.name != "vllm" or r.placement != "colocated",
+            "actor_rollout_ref.rollout.name=vllm with placement=colocated",
+        ),
+        (r.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=false"),
+        (
+            alg.use_kl_in_reward,
+            "algorithm.use_kl_in_reward=false (the in-reward KL needs the actor while generating)",
+        ),
+        (
+            alg.adv_estimator == "remax",
+            "an advantage estimator other than remax (its greedy baseline is a second rollout)",
+        ),
+        (fg.prefetch, "algorithm.filter_groups.prefetch=false (async replaces it)"),
+        (
+            fg.enable and fg.strategy == "verl",
+            "algorithm.filter_groups.strategy default or stream (the verl recipe is sequential)",
+        ),
+        (
+            int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) != 1,
+            "one actor rank (trainer.nnodes x trainer.n_gpus_per_node = 1)",
+        ),
+    ]
+    p.extend(f"{key}.mode={at.mode} needs {fix}" for bad, fix in why if bad)
     return p
 
 

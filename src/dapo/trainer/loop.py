@@ -10,6 +10,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from dapo.rollout.runner import RolloutRunner
 from dapo.sampling import DynamicBatcher, SampledStep
 from dapo.sampling.prefetch import GenContext, Prefetcher
 from dapo.tasks import run_files
+from dapo.trainer.async_run import AsyncRun
 from dapo.trainer.metrics import compute_data_metrics, compute_timing_metrics
 from dapo.trainer.signals import GracefulStop
 from dapo.trainer.state import resume_trainer, save_trainer
@@ -121,6 +123,8 @@ class Trainer:
         self.timer = Timer()
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
         self.prefetcher = Prefetcher(bool(cfg.algorithm.filter_groups.prefetch))
+        # async_training.mode=colocate_async: generation and scoring threads, started with the loop
+        self.async_run: AsyncRun | None = None
         self.stopped, self.stopped_by = False, None
         # validation before training and the latest one: a checkpoint keeps them for the summary
         self.validation: dict[str, dict[str, float]] = {"before": {}, "last": {}}
@@ -195,6 +199,8 @@ class Trainer:
             ) as progress,
         ):
             progress.advance_to(self.global_step)
+            if self.cfg.async_training.mode != "sync":
+                self.async_run = AsyncRun(self.cfg, self.rollout, self.round, self.batcher, self.sampler)
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
                 self.steps_run += 1
@@ -224,7 +230,8 @@ class Trainer:
                     self.step_row = dict(metrics)
                     self.rollout.to_trainer()  # the optimizer state is the actor's again
                     with timer("save_checkpoint"):
-                        save_trainer(self)
+                        with self._generation_quiet():
+                            save_trainer(self)
                     metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
                 progress.advance(metrics)
                 self._log(metrics, step=self.global_step)
@@ -233,7 +240,8 @@ class Trainer:
                     if not saved:  # the stop came while the step was being logged (a closed console)
                         self.step_row = dict(metrics)
                         self.rollout.to_trainer()
-                        save_trainer(self)
+                        with self._generation_quiet():
+                            save_trainer(self)
                     break
         self.stopped, self.stopped_by = stop.requested, stop.reason
         return self._finish(before, last_val, t_start)
@@ -273,6 +281,8 @@ class Trainer:
                 with self.timer("update_actor"):
                     metrics.update(self.actor.update_policy(batch))
                 self.scheduler.step()
+                if self.async_run is not None:
+                    self.async_run.after_update(self.model)
                 self.updates += 1
             finally:
                 # the step ends when its prefetch does: validation, checkpoints and dumps then see
@@ -300,6 +310,11 @@ class Trainer:
 
     def _next_sampled(self, progress: StepProgress) -> tuple[SampledStep, GenContext]:
         """This step's batch: the one prefetched during the previous step, else generated now."""
+        if self.async_run is not None:
+            with self.timer("wait_generation"):
+                sampled, ctx = self.async_run.next_batch()
+            self.timer.add(ctx.timer)
+            return sampled, ctx
         prefetched = self.prefetcher.take()
         if prefetched is not None:
             self.timer.add(prefetched[1].timer)
@@ -328,6 +343,10 @@ class Trainer:
             )
         )
 
+    def _generation_quiet(self) -> Any:
+        """Async: the batcher's state held still while a checkpoint saves it."""
+        return self.async_run.locked() if self.async_run is not None else nullcontext()
+
     def _compute_old_and_ref(self, batch: Batch) -> dict[str, float]:
         return compute_old_and_ref(
             self.actor,
@@ -336,7 +355,8 @@ class Trainer:
             self.cfg,
             self.timer,
             use_ref=self.use_ref,
-            prefetch=self.prefetcher.enabled,
+            # async groups come from older weights, as prefetched ones do: old log-probs are recomputed
+            prefetch=self.prefetcher.enabled or self.async_run is not None,
         )
 
     # ---------------------------------------------------------------- validation, logging, the end
@@ -347,7 +367,8 @@ class Trainer:
         if not self.val_rows:
             return {}
         seed, bs = int(self.cfg.trainer.seed) + 7919, int(self.cfg.data.val_batch_size)
-        batch = self.rollout.generate_validation(self.val_rows, bs, seed)
+        with self.async_run.idle() if self.async_run is not None else nullcontext():
+            batch = self.rollout.generate_validation(self.val_rows, bs, seed)
         # a context of its own: validation's reward counters are not a training step's
         extra = self.round.score(batch, GenContext())
         self._dump(self.cfg.trainer.validation_data_dir, batch, list(extra))
@@ -387,6 +408,8 @@ class Trainer:
         )
         for t in self.trackers:
             t.close()
+        if self.async_run is not None:
+            self.async_run.shutdown()
         for part in (self.actor, self.rollout, self.prefetcher):
             part.shutdown()
         self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
