@@ -153,10 +153,14 @@ class PartialRollout:
         load_weights(self.rollout, weights)
         self.version = int(version)
         if not self.partial:
-            for _, s in held:
-                self.aborted_tokens += len(s.tokens)
-                s.tokens, s.log_probs, s.versions = [], [], []
+            self.restart(held)
         self.resume(held)
+
+    def restart(self, held: list[tuple[Any, Sample]]) -> None:
+        """Throw away the tokens of suspended samples (counted): they start again from the prompt."""
+        for _, s in held:
+            self.aborted_tokens += len(s.tokens)
+            s.tokens, s.log_probs, s.versions = [], [], []
 
     def drop(self, keys: list[Any]) -> None:
         """Abort these groups for good (their tokens counted in ``aborted_tokens``)."""
@@ -308,6 +312,8 @@ class EngineWorker:
                     if weights is not None:
                         eng.sync(*weights)
                         self.syncs += 1
+                        if held is not None and not eng.partial:  # held samples start over too
+                            eng.restart(held)
                     if paused and held is None:
                         held = eng.suspend()
                     if paused:
