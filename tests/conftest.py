@@ -62,6 +62,25 @@ def tiny_hd32_model_dir(tmp_path_factory, char_tokenizer):
     return save_tiny_random_model(tmp_path_factory.mktemp("tiny_hd32"), char_tokenizer, **HD32)
 
 
+# the char tokenizer's EOS and 20 more of its 103 tokens
+MANY_EOS = [2, *range(40, 60)]
+
+
+@pytest.fixture(scope="session")
+def eos_hd32_model_dir(tmp_path_factory, tiny_hd32_model_dir):
+    """The head-size-32 model stopping on a fifth of its vocabulary (:data:`MANY_EOS`, its
+    generation config's EOS list): a random model's responses then end at different lengths."""
+    import json
+    import shutil
+
+    d = tmp_path_factory.mktemp("hd32_many_eos") / "model"
+    shutil.copytree(tiny_hd32_model_dir, d)
+    gen = d / "generation_config.json"
+    cfg = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**cfg, "eos_token_id": MANY_EOS}))
+    return d
+
+
 @pytest.fixture(scope="module")
 def mod3_task(tmp_path_factory):
     """(train.parquet, test.parquet, reward.py): 64/8 built-in problems and the mod-3 reward

@@ -5,9 +5,6 @@ policy versions, in order."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 
@@ -17,33 +14,23 @@ from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings, state_dict_for_
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
-EOS = [2, *range(40, 60)]
+EOS = [2, *range(40, 60)]  # conftest.MANY_EOS
 PROMPTS = [[5, 17, 23, 9, 11], [30, 31, 32], [7, 7, 7, 7, 7, 7, 7, 12], [60, 61]]
 
 
 @pytest.fixture(scope="module")
-def eos_model_dir(tmp_path_factory, tiny_hd32_model_dir):
-    d = tmp_path_factory.mktemp("hd32_async_eos") / "model"
-    shutil.copytree(tiny_hd32_model_dir, d)
-    gen = d / "generation_config.json"
-    cfg = json.loads(gen.read_text()) if gen.exists() else {}
-    gen.write_text(json.dumps({**cfg, "eos_token_id": EOS}))
-    return d
-
-
-@pytest.fixture(scope="module")
-def engine(eos_model_dir):
+def engine(eos_hd32_model_dir):
     settings = VllmSettings.for_model("float32", 512, max_num_batched_tokens=512, max_num_seqs=64)
-    eng = VllmRollout(str(eos_model_dir), EOS, 0, settings, seed=3)
+    eng = VllmRollout(str(eos_hd32_model_dir), EOS, 0, settings, seed=3)
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
-def weights(eos_model_dir):
+def weights(eos_hd32_model_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(eos_model_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(eos_hd32_model_dir, torch_dtype=torch.float32)
     return {k: v.clone() for k, v in state_dict_for_vllm(model).items()}
 
 

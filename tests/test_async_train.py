@@ -16,18 +16,7 @@ from runs import metric_rows, small_run_args
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
-EOS = [2, *range(40, 60)]
 A, P = "async/", "dynamic_sampling/"
-
-
-@pytest.fixture(scope="module")
-def eos_model_dir(tmp_path_factory, tiny_hd32_model_dir):
-    d = tmp_path_factory.mktemp("hd32_async_train") / "model"
-    shutil.copytree(tiny_hd32_model_dir, d)
-    gen = d / "generation_config.json"
-    cfg = json.loads(gen.read_text()) if gen.exists() else {}
-    gen.write_text(json.dumps({**cfg, "eos_token_id": EOS}))
-    return d
 
 
 def _args(run_dir, model_dir, task, steps, *extra: str) -> list[str]:
@@ -59,9 +48,9 @@ def test_async_config_defaults_and_refusals():
             build_config(bad)
 
 
-def test_async_train_run_carries_versions_and_resumes(tmp_path, eos_model_dir, mod3_task):
+def test_async_train_run_carries_versions_and_resumes(tmp_path, eos_hd32_model_dir, mod3_task):
     run = tmp_path / "run"
-    assert main(_args(run, eos_model_dir, mod3_task, 4)) == 0
+    assert main(_args(run, eos_hd32_model_dir, mod3_task, 4)) == 0
     rows = {r["step"]: r for r in metric_rows(run) if A + "policy_version" in r}
     assert sorted(rows) == [1, 2, 3, 4]
     trained = [r for r in rows.values() if r.get("training/skipped_step", 0) == 0]
@@ -86,7 +75,7 @@ def test_async_train_run_carries_versions_and_resumes(tmp_path, eos_model_dir, m
     (resumed / "latest_checkpointed_iteration.txt").write_text("2")
     kept = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept if r["step"] <= 2))
-    assert main(_args(resumed, eos_model_dir, mod3_task, 4)) == 0
+    assert main(_args(resumed, eos_hd32_model_dir, mod3_task, 4)) == 0
     again = {r["step"]: r for r in metric_rows(resumed) if A + "policy_version" in r}
     assert sorted(again) == [1, 2, 3, 4]  # (which groups it trains: tests/test_async_sampling.py)
     assert again[3][A + "policy_version"] == rows[3][A + "policy_version"]

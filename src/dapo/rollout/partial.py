@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from dapo.rollout.hf import RolloutOutput, SamplingParams, left_pad
-from dapo.rollout.vllm_rollout import VllmRollout, WeightSyncError, sampling_fields
+from dapo.rollout.vllm_rollout import VllmRollout, sampling_fields
 
 
 @dataclass
@@ -150,7 +150,7 @@ class PartialRollout:
         ``partial`` the samples in flight continue under them from their tokens so far; without,
         their groups start again from the prompt."""
         held = self.suspend()
-        load_weights(self.rollout, weights)
+        self.rollout.load_weights(weights)
         self.version = int(version)
         if not self.partial:
             self.restart(held)
@@ -176,19 +176,6 @@ class PartialRollout:
 
     def close(self) -> None:
         self.drop(list(self._groups))
-
-
-def load_weights(rollout: VllmRollout, weights: dict[str, torch.Tensor]) -> None:
-    """The weight sync of :meth:`VllmRollout.update_weights` from a state dict already taken
-    (the generation thread loads a snapshot while the update writes the live weights)."""
-    rollout._wake()
-    try:
-        rollout.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-        rollout.llm.reset_prefix_cache()
-    except Exception as e:
-        raise WeightSyncError(e) from e
-    finally:
-        rollout._sleep()
 
 
 def pack_group(

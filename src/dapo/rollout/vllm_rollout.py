@@ -458,7 +458,11 @@ class VllmRollout(VllmEngineBase):
         ones. The loader is handed the model's own tensors one at a time (no copy): directly with
         one worker, through :mod:`dapo.rollout.vllm_weight_stream` when tensor-parallel workers
         run in their own processes."""
-        weights = state_dict_for_vllm(model)
+        self.load_weights(state_dict_for_vllm(model))
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
+        generation thread loads a snapshot while the update writes the live weights)."""
         self.wake_up([WEIGHTS])
         try:
             if self.settings.tensor_model_parallel_size == 1:
