@@ -6,6 +6,7 @@ validation or a checkpoint needs the engine or the batcher's state."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +35,9 @@ class AsyncRun:
         engine = PartialRollout(rollout.engine, params, version=batcher.version, partial=at.partial_rollout)
         self.worker = EngineWorker(engine)
         self.ctx = GenContext()
+        # the reward manager's worker pool serves one caller at a time: the scoring thread, or
+        # the trainer's validation
+        self._scoring = threading.Lock()
         self.sampler = AsyncSampler(
             batcher,
             source,
@@ -48,7 +52,8 @@ class AsyncRun:
         out = pack_group(groups, self.response_length, self.prompt_width, self.rollout.engine.pad_token_id)
         batch = out.to_batch(rows)
         batch.tensors["token_versions"] = out.token_versions
-        return self.round.finish(rows, batch, self.ctx)
+        with self._scoring:
+            return self.round.finish(rows, batch, self.ctx)
 
     def next_batch(self) -> tuple[SampledStep, GenContext]:
         sampled = self.sampler.next_batch()
@@ -70,8 +75,9 @@ class AsyncRun:
 
     @contextmanager
     def idle(self) -> Iterator[None]:
-        """The engine with the newest weights and none of the run's requests (validation)."""
-        with self.worker.idle():
+        """The engine with the newest weights and none of the run's requests, and the reward
+        manager free (validation generates and scores inside)."""
+        with self._scoring, self.worker.idle():
             yield
 
     @contextmanager

@@ -369,8 +369,8 @@ class Trainer:
         seed, bs = int(self.cfg.trainer.seed) + 7919, int(self.cfg.data.val_batch_size)
         with self.async_run.idle() if self.async_run is not None else nullcontext():
             batch = self.rollout.generate_validation(self.val_rows, bs, seed)
-        # a context of its own: validation's reward counters are not a training step's
-        extra = self.round.score(batch, GenContext())
+            # a context of its own: validation's reward counters are not a training step's
+            extra = self.round.score(batch, GenContext())
         self._dump(self.cfg.trainer.validation_data_dir, batch, list(extra))
         return validation_metrics(batch, extra)
 
