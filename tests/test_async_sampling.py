@@ -38,7 +38,7 @@ def build(cfg: FilterGroupsConfig, acc, delay=lambda p: 0, k=1, action="drop", s
         engine,
         fake_finish(FakeRollout(N, acc, seed=1)),
         max_off_policy_threshold=k,
-        off_policy_action=action,
+        max_off_policy_strategy=action,
     )
     return batcher, source, engine, a
 

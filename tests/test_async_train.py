@@ -39,10 +39,24 @@ def test_async_config_defaults_and_refusals():
     cfg = build_config(["async_training.mode=colocate_async", "actor_rollout_ref.rollout.name=vllm"]).cfg
     assert cfg.algorithm.rollout_correction.rollout_is == "token"  # on by default in async
     assert build_config([]).cfg.algorithm.rollout_correction.rollout_is is None  # not in sync
+    # verl 0.9's V1 spellings land in the same keys
+    verl = build_config(
+        [
+            "trainer.v1.trainer_mode=colocate_async",
+            "trainer.v1.sampler.max_off_policy_threshold=5",
+            "trainer.v1.sampler.max_off_policy_strategy=wait",
+            "actor_rollout_ref.rollout.name=vllm",
+        ]
+    ).cfg.async_training
+    assert (verl.mode, verl.max_off_policy_threshold, verl.max_off_policy_strategy) == (
+        "colocate_async",
+        5,
+        "wait",
+    )
     for bad, says in (
         (["async_training.mode=colocate_async"], "rollout.name=vllm"),
         (["async_training.mode=separate_async"], "not available yet"),
-        (["async_training.off_policy_action=later"], "drop or wait"),
+        (["async_training.max_off_policy_strategy=later"], "drop or wait"),
     ):
         with pytest.raises(Exception, match=says):
             build_config(bad)

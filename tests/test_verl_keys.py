@@ -263,7 +263,6 @@ def test_every_ignored_verl_key_is_named_once(name):
         ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollouts"),
         ("algorithm.rollout_correction.rollout_token_veto_threshold=0.0001", "no token veto"),
         ("algorithm.use_pf_ppo=true", "PF-PPO"),
-        ("trainer.v1.trainer_mode=separate_async", "synchronous and on-policy"),
         ("actor_rollout_ref.ref.strategy=megatron", "only fsdp"),
         ("+data.custom_cls.path=my_dataset.py", "custom dataset classes"),
     ],

@@ -289,6 +289,10 @@ VERL_ALIASES: dict[str, str] = {
     "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": (
         "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
     ),
+    # verl 0.9's V1 trainer: its mode and its sampler's staleness bound
+    "trainer.v1.trainer_mode": "async_training.mode",
+    "trainer.v1.sampler.max_off_policy_threshold": "async_training.max_off_policy_threshold",
+    "trainer.v1.sampler.max_off_policy_strategy": "async_training.max_off_policy_strategy",
 }
 
 

@@ -558,7 +558,7 @@ class AsyncTrainingConfig:
     max_off_policy_threshold: int = 2
     # beyond the bound: "drop" (generation never pauses; groups that can no longer make it are
     # thrown away) or "wait" (decoding pauses once the pool holds the batches the bound allows)
-    off_policy_action: str = "drop"
+    max_off_policy_strategy: str = "drop"
     # at a weight sync, requests in flight go on under the new weights from their tokens so far
     # (false: they start again from the prompt)
     partial_rollout: bool = True

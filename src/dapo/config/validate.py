@@ -359,8 +359,8 @@ def _async_problems(cfg: Any) -> list[str]:
     k = at.max_off_policy_threshold
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         p.append(f"{key}.max_off_policy_threshold: must be an integer >= 0 (policy updates), got {k!r}")
-    if at.off_policy_action not in ("drop", "wait"):
-        p.append(f"{key}.off_policy_action: must be drop or wait, got {at.off_policy_action!r}")
+    if at.max_off_policy_strategy not in ("drop", "wait"):
+        p.append(f"{key}.max_off_policy_strategy: must be drop or wait, got {at.max_off_policy_strategy!r}")
     if at.mode == "sync":
         return p
     if at.mode == "separate_async":

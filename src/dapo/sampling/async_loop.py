@@ -10,7 +10,7 @@ and, after its update, moves the policy version on (:meth:`advance`).
 The staleness of a group is the number of policy updates between its oldest token and the
 update that trains it. No group is trained beyond ``max_off_policy_threshold``: at every
 version change, pooled groups and groups still decoding that can no longer make it are dropped
-(counted). ``off_policy_action`` says what generation does meanwhile: ``drop`` never pauses
+(counted). ``max_off_policy_strategy`` says what generation does meanwhile: ``drop`` never pauses
 (the engine keeps decoding; new prompts stop once the pool and the groups in flight cover the
 updates the bound allows), ``wait`` pauses decoding once the pool holds that many batches and
 resumes when the trainer takes one, so fewer groups expire.
@@ -76,12 +76,12 @@ class AsyncSampler:
         finish: FinishFn,
         *,
         max_off_policy_threshold: int,
-        off_policy_action: str,
+        max_off_policy_strategy: str,
     ) -> None:
-        if off_policy_action not in (DROP, WAIT):
-            raise ValueError(f"off_policy_action must be drop or wait, got {off_policy_action!r}")
+        if max_off_policy_strategy not in (DROP, WAIT):
+            raise ValueError(f"max_off_policy_strategy must be drop or wait, got {max_off_policy_strategy!r}")
         self.s, self.source, self.engine, self.finish = sampler, source, engine, finish
-        self.k, self.action = int(max_off_policy_threshold), off_policy_action
+        self.k, self.action = int(max_off_policy_threshold), max_off_policy_strategy
         self.cv = threading.Condition(threading.RLock())
         self._new_step()
         self._rows: dict[str, dict] = {}  # key -> prompt row, groups in flight

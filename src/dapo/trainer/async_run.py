@@ -44,7 +44,7 @@ class AsyncRun:
             self.worker,
             self._finish,
             max_off_policy_threshold=int(at.max_off_policy_threshold),
-            off_policy_action=str(at.off_policy_action),
+            max_off_policy_strategy=str(at.max_off_policy_strategy),
         )
 
     def _finish(self, rows: list[dict], groups: list[Any]) -> Batch:
