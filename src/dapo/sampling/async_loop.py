@@ -101,7 +101,7 @@ class AsyncSampler:
         return max(self.k, 1) if self.action == WAIT else self.k + 1
 
     def next_batch(self) -> SampledStep:
-        """The next training batch: ``train_batch_size`` pooled groups, oldest first, once there
+        """The next training batch: ``train_batch_size`` pooled groups, oldest version first, once there
         are that many, or what ``on_exhausted`` says once the round budget is spent."""
         s, B = self.s, self.s.train_batch_size
         t0 = time.perf_counter()
@@ -111,6 +111,9 @@ class AsyncSampler:
             if self.error is not None:
                 raise self.error
             st, exhausted = self.st, None
+            # the groups of the oldest weights first (stable: then in the order they finished), so
+            # a long group that crossed syncs is trained before it expires
+            s.pool.groups.sort(key=lambda g: g.version)
             if len(s.pool) < B:
                 exhausted = s.exhausted(st, len(s.pool), verl=False)
             step = s.take([], exhausted, st)
