@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dapo.tasks import BUILTIN_TASKS, builtin_task, config_problems
+from dapo.tasks import BUILTIN_TASKS, builtin_task
 from dapo.tasks.reasoning import (
     LONGTAIL_STEPS,
     Chain,
@@ -77,13 +77,10 @@ def _all_one_step() -> set[str]:
 def test_registered_and_written(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
+    from dapo.cli import main
+
     assert "reasoning_longtail" in BUILTIN_TASKS
-
-    class Cfg:
-        class data:
-            builtin_task = "reasoning_longtail"
-
-    assert config_problems(Cfg) == []
+    assert main(["validate", "data.builtin_task=reasoning_longtail"]) == 0
     monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "cache"))
     train_path, test_path = builtin_task("reasoning_longtail")
     train, test = longtail_split()
