@@ -149,7 +149,7 @@ def test_cpu_fit_recovers_a_known_cost_and_predicts_held_out_runs():
 
 
 def test_recorded_cpu_runs_held_out_errors():
-    """The recorded runs (two cores at load 7 to 16): the held-out predictions are within 35%, not
+    """The recorded runs (two cores at load 3 to 5): the held-out predictions are within 35%, not
     within the 20% the model is meant to reach; the command says so."""
     from dapo.bench.cluster import leave_one_out
     from dapo.bench.cluster_data import RUNS
