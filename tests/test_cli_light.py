@@ -106,6 +106,7 @@ def test_listed_help_is_the_modules_own():
         ("bench", "sampling"),
         ("bench", "rollout"),
         ("bench", "update"),
+        ("bench", "cluster"),
     }
     for path, module, listed in deferred:
         scratch = argparse.ArgumentParser().add_subparsers()

@@ -82,7 +82,11 @@ def test_step_metrics_from_hand_built_counts():
     st = StepStats(gen_version=3, rounds=2, generated_groups=10, generated_tokens=60.0, kept=4)
     st.all_correct, st.all_wrong, st.surplus_dropped, st.stale_dropped = 5, 1, 1, 2
     st.round_sizes = [6, 4]
-    st.groups = [{"mean": 0.5, "n": 2}, {"mean": 1.0, "n": 2}, {"mean": None, "n": 2}]
+    st.groups = [
+        {"mean": 0.5, "n": 2, "response_lengths": [3, 5]},
+        {"mean": 1.0, "n": 2, "response_lengths": [2, 2]},
+        {"mean": None, "n": 2},
+    ]
     batch = Batch(
         tensors={"response_mask": torch.ones(6, 5)},
         non_tensors={"uid": ["a", "a", "b", "b", "c", "c"], "staleness": [0, 0, 1, 1, 0, 0]},
@@ -97,6 +101,8 @@ def test_step_metrics_from_hand_built_counts():
     assert m[P + "round_prompts_mean"] == 5.0 and m[P + "kept_rate_estimate"] == 0.0
     assert m["train/acc_generated"] == 0.75  # (0.5 * 2 + 1.0 * 2) / 4, the ungraded group left out
     assert m[P + "staleness_mean"] == pytest.approx(1 / 3) and m[P + "staleness_max"] == 1.0
+    # trained: six rows of 5 tokens; finished: (3 + 5 + 2 + 2) / 4, the group without lengths left out
+    assert m[P + "trained_response_length_mean"] == 5.0 and m[P + "finished_response_length_mean"] == 3.0
     assert not any(k.startswith((P + "band", P + "aborted", P + "epoch")) for k in m)
     # filtering off: never a partial step; stream, band and an int epoch add their keys
     m = step_metrics(
@@ -104,7 +110,8 @@ def test_step_metrics_from_hand_built_counts():
     )
     assert m[P + "partial_step"] == 0.0
     assert (m[P + "band_low"], m[P + "band_high"], m[P + "epoch"]) == (0.2, 0.7, 1)
-    assert m[P + "aborted_groups"] == 0 and m[P + "stream_refills"] == 0
+    assert m[P + "aborted_groups"] == 0 and m[P + "stream_refills"] == 0 and m[P + "drained_groups"] == 0
     skipped = step_metrics(st, None, "skip", target=4, **kw)
     assert skipped[P + "skipped_step"] == 1.0 and skipped[P + "trained_groups"] == 0
     assert skipped[P + "partial_step"] == 0.0 and skipped[P + "staleness_max"] == 0.0
+    assert skipped[P + "trained_response_length_mean"] == 0.0

@@ -1,5 +1,6 @@
 """strategy=stream's bookkeeping on the fake engine clock (sampling/fakes.FakeGroupStream): the refill
-rule, the stop at train_batch_size, surplus to the pool, aborted work counted, budget, state."""
+rule, the stop at train_batch_size, the drain, draw order, surplus to the pool, budget, state, and the
+trained length against the finished length when finishing order follows length."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _run(table, B=3, gen=6, n=2, steps=1, **kw):
     return b, stream, out
 
 
-def test_stops_at_batch_size_aborts_the_rest_and_counts_their_tokens():
+def test_stops_at_batch_size_drains_the_rest_and_trains_in_draw_order():
     # prompts 1 and 3 are all-wrong, the rest spread
     table = {i: [[0, 0]] if i in (1, 3) else [[0, 1]] for i in range(12)}
     b, stream, (s,) = _run(table, B=3, gen=6, skip=SkipConfig(enable=False))
@@ -54,22 +55,24 @@ def test_stops_at_batch_size_aborts_the_rest_and_counts_their_tokens():
     assert s.action == "train" and s.num_groups == 3
     finished = m[P + "kept_groups"] + m[P + "filtered_groups"]
     # ceil(3 * 1.1) = 4 at first (no kept-rate estimate yet: taken as 1), refilled as 1 and 3 are
-    # filtered and the estimate drops
-    launched = len(stream.submitted)
-    assert launched >= 6 and m[P + "generated_groups"] == finished + m[P + "aborted_groups"] == launched
-    assert m[P + "aborted_groups"] == launched - finished > 0
-    # every trained group has spread, and in finish order (the engine clock), not submit order
+    # filtered and the estimate drops; what is in flight at the close is finished, not aborted
+    launched = [r["index"] for r in stream.submitted]
+    assert len(launched) >= 6 and m[P + "generated_groups"] == finished == len(launched)
+    assert m[P + "aborted_groups"] == 0 and stream.aborted_tokens == 0 and m[P + "drained_groups"] > 0
+    # the batch is the first three kept prompts in draw order (0, 2, 4), whatever finished first;
+    # the other kept ones wait in the pool in draw order
+    kept = [i for i in launched if i not in (1, 3)]
+    assert s.batch.non_tensors["index"].tolist()[::2] == kept[:3]
+    assert [g.index for g in b.pool] == kept[3:] and m[P + "surplus_carried"] == len(kept) - 3
     acc = np.asarray(s.batch.non_tensors["acc"].tolist(), dtype=float).reshape(3, 2)
     assert (acc.min(1) != acc.max(1)).all()
-    # generated tokens = finished groups' response tokens + the aborted groups' partial tokens
     rec_tokens = sum(sum(g["response_lengths"]) for g in s.group_records)
-    assert m[P + "generated_response_tokens"] == rec_tokens + stream.aborted_tokens
-    assert stream.aborted_tokens > 0
+    assert m[P + "generated_response_tokens"] == rec_tokens
     assert m[P + "gen_tokens_per_train_token"] == pytest.approx(
         m[P + "generated_response_tokens"] / m[P + "trained_response_tokens"]
     )
     assert stream.in_flight == 0
-    assert m["train/num_gen_batches"] == -(-launched // 6)  # launched prompts in gen_batch_size units
+    assert m["train/num_gen_batches"] == -(-len(launched) // 6)  # launched prompts in gen_batch_size units
 
 
 def test_groups_finishing_together_beyond_the_batch_go_to_the_pool():
@@ -222,3 +225,63 @@ def test_validate_refuses_stream_off_the_colocated_engine(overrides, says, tiny_
     err = capsys.readouterr().err
     assert err.startswith("dapo:")
     assert any("algorithm.filter_groups.strategy=stream" in x and says in x for x in err.splitlines()), err
+
+
+def _length_run(lengths, acc, B, gen, n, steps, seed=0):
+    """A stream run whose finishing order follows length: per step, the lengths of the trained
+    groups (draw order) and the two length metrics."""
+    b = DynamicBatcher(cfg(skip=SkipConfig(enable=False)), B, gen, n, seed)
+    src = ListSource(prompt_rows(len(lengths)), shuffle=False)
+    rollout = FakeRollout(
+        n, acc, response_length=max(lengths), seed=seed, length_fn=lambda r, n, rng: [lengths[r["index"]]] * n
+    )
+    stream = FakeGroupStream(rollout)
+    return b, stream, [b.next_batch(src, None, stream=stream) for _ in range(steps)]
+
+
+def test_stream_length_bias_hand_built_trains_the_draw_order_not_the_short_ones():
+    # even prompts take 8 ticks, odd ones 1; every group has spread, so all are kept. Finishing
+    # order puts the short ones first (a batch taken in that order would be mostly 1-token
+    # responses); the batch is a window of the draw order: two long and two short groups
+    lengths = [8, 1] * 40
+    acc = scripted({i: [[0, 1]] for i in range(80)})
+    b, stream, steps = _length_run(lengths, acc, B=4, gen=8, n=2, steps=6)
+    for s in steps:
+        assert sorted(lengths[i] for i in s.batch.non_tensors["index"].tolist()[::2]) == [1, 1, 8, 8]
+        assert s.metrics[P + "trained_response_length_mean"] == 4.5
+        assert s.metrics[P + "aborted_groups"] == 0
+    # step 1 launches 0..4 (ceil(4 * 1.1)); 1 and 3 come back first, and the three in flight are
+    # expected to fill the batch, so nothing more is launched; 0, 2, 4 finish at tick 8 and 4,
+    # fifth in draw order, is carried: (1 + 1 + 8 + 8 + 8) / 5 finished against 4.5 trained
+    first = steps[0]
+    assert [g["index"] for g in first.group_records] == [1, 3, 0, 2, 4]
+    assert first.metrics[P + "finished_response_length_mean"] == 26 / 5
+    # over the run: the trained groups are the first 24 drawn, in draw order, and the 25th waits
+    # in the pool; the trained mean is the finished mean of everything but that carried group
+    drawn = [r["index"] for r in stream.submitted]
+    assert [i for s in steps for i in s.batch.non_tensors["index"].tolist()[::2]] == drawn[:24]
+    assert [g.index for g in b.pool] == drawn[24:] == [24]
+    trained = [x for s in steps for x in s.batch.tensors["response_mask"].sum(-1).tolist()]
+    finished = [x for s in steps for g in s.group_records for x in g["response_lengths"]]
+    assert sum(trained) / len(trained) == (sum(finished) - 2 * 8) / (len(finished) - 2) == 4.5
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=hs.integers(0, 10_000), B=hs.integers(4, 8), gen=hs.integers(4, 12), p=hs.floats(0.2, 0.8))
+def test_stream_length_bias_trained_mean_follows_the_finished_mean(seed, B, gen, p):
+    """Lengths 1..16 per prompt, correctness independent of length, finishing order by length:
+    over 40 steps the trained responses' mean length is within 4% of the kept finished ones' (they
+    differ by the last step's pool only) and within 12% of all finished ones' (kept or filtered
+    is a coin flip; about 4 standard errors). Taking the batch in finishing order and aborting the
+    rest fails both."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 17, size=300).tolist()
+    b, stream, steps = _length_run(lengths, bernoulli(lambda r: p), B=B, gen=gen, n=2, steps=40, seed=seed)
+    trained = [x for s in steps for x in s.batch.tensors["response_mask"].sum(-1).tolist()]
+    records = [g for s in steps for g in s.group_records]
+    kept = [x for g in records if g["fate"] == "kept" for x in g["response_lengths"]]
+    finished = [x for g in records for x in g["response_lengths"]]
+    t, k, f = float(np.mean(trained)), float(np.mean(kept)), float(np.mean(finished))
+    assert abs(t - k) <= 0.04 * k, (t, k)
+    assert abs(t - f) <= 0.12 * f, (t, f)
+    assert sum(s.metrics[P + "aborted_groups"] for s in steps) == 0

@@ -345,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_from(
         "dapo.bench.update", "update", "log-prob / update tokens/s: packed and dynamic bsz vs padded"
     )
+    bench.add_from(
+        "dapo.bench.cluster",
+        "cluster",
+        "a step-time model: calibrated here, checked on verl's async ratio, GPU predictions",
+    )
     return parser
 
 

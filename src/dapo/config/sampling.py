@@ -18,8 +18,9 @@ Strategies:
   filter, pool, staleness bound and skipping), but prompts go to the engine group by group: each
   group is scored and filtered the moment its ``n`` samples are done, new prompts are submitted
   while the groups in flight are not expected to fill the batch (at most ``data.gen_batch_size``
-  in flight), and generation stops as soon as ``train_batch_size`` groups are kept: finished
-  surplus goes to the pool, groups still in flight are aborted (their tokens count as generated).
+  in flight), and nothing new is submitted once ``train_batch_size`` groups are kept: the groups
+  in flight are finished, the batch is the first kept groups in draw order (not finishing order,
+  which favours short responses) and the surplus goes to the pool.
   ``max_num_gen_batches`` bounds the prompts launched per step to that many times
   ``data.gen_batch_size``.
 
@@ -159,7 +160,7 @@ class FilterGroupsConfig:
     max_num_gen_batches: int = 0
     # "default" (ours: carry-over, adaptive rounds, skipping), "verl" (the recipe, exactly) or
     # "stream" (ours, vLLM in-process only: default's filter and pool, groups streamed one by one,
-    # generation stops the moment the batch is full)
+    # no new group once the batch is full; the batch is taken in draw order)
     strategy: str = "default"
     # when max_num_gen_batches runs out: "error" (stop; verl's behaviour), "train" (train on the
     # groups collected so far, fewer than train_batch_size) or "skip" (no update this step;

@@ -56,7 +56,9 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # ours: the built-in task (and tiny model) used when train_files (model.path) is null:
     # arithmetic (short answers), reasoning (chained operations with written working) or
-    # reasoning_sparse (the same chains, most beyond the tiny model's reach: few groups with spread)
+    # reasoning_sparse (the same chains, most beyond the tiny model's reach: few groups with spread),
+    # reasoning_wide (a large pool, for coverage) or reasoning_longtail (chains of 1 to 16
+    # operations: response lengths differ tenfold within a round)
     builtin_task: str = "arithmetic"
 
 

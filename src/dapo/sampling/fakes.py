@@ -69,7 +69,8 @@ class FakeRollout:
     """``generate(rows) -> Batch`` with ``n`` responses per row, interleaved.
 
     ``acc_fn(row, n, rng)`` returns the n correctness values (0/1 or bools) of the row's responses.
-    Responses get random lengths in [1, response_length]; ``score`` is +1/-1 (math_dapo), the
+    Responses get random lengths in [1, response_length], or ``length_fn(row, n, rng)``'s (each in
+    that range) when it is given; ``score`` is +1/-1 (math_dapo), the
     token-level scores put score (+ an optional overlong penalty) at the last valid token.
     """
 
@@ -81,12 +82,14 @@ class FakeRollout:
         response_length: int = 8,
         seed: int = 0,
         overlong_penalty: float = 0.0,
+        length_fn: Callable[[dict, int, np.random.Generator], Sequence[int]] | None = None,
     ) -> None:
         self.n = n
         self.acc_fn = acc_fn
         self.response_length = response_length
         self.rng = np.random.default_rng(seed)
         self.overlong_penalty = overlong_penalty
+        self.length_fn = length_fn
         self.calls = 0
         self.prompts_generated = 0
 
@@ -101,7 +104,12 @@ class FakeRollout:
             if len(vals) != n:
                 raise ValueError("acc_fn must return n values")
             accs.extend(float(v) for v in vals)
-        lengths = self.rng.integers(1, r + 1, size=total)
+        if self.length_fn is None:
+            lengths = self.rng.integers(1, r + 1, size=total)
+        else:
+            lengths = np.asarray([int(x) for row in rows for x in self.length_fn(row, n, self.rng)])
+            if len(lengths) != total or lengths.min() < 1 or lengths.max() > r:
+                raise ValueError(f"length_fn must return n lengths in [1, {r}]")
         mask = torch.zeros(total, r, dtype=torch.float32)
         scores = torch.zeros(total, r, dtype=torch.float32)
         for i, ln in enumerate(lengths.tolist()):

@@ -16,7 +16,7 @@ groups; ``qualified_ratio`` counts the steps after the warm-up, the first third 
 ``qualified_ratio_overall`` all steps), skipped prompts, staleness of trained groups, surplus
 dropped, generated tokens per trained token, decode ticks per step (a latency proxy: every
 sequence in flight decodes one token per tick, so a round lasts as long as its longest response,
-and ``stream`` stops at the tick its batch is full). What a sampler costs learning:
+and ``stream`` ends when the groups in flight at the close are done). What a sampler costs learning:
 ``learnable_coverage`` (of the prompts whose true P(spread) was at least 0.5 at some step after
 the warm-up, ``learnable_prompts``, the fraction trained at least once after the warm-up: the
 simulator knows the truth), ``trained_prompts`` (distinct prompts trained after the warm-up),

@@ -37,6 +37,7 @@ class StepStats:
     aborted_groups: int = 0  # strategy stream: groups still in flight when the batch was full
     aborted_tokens: float = 0.0  # strategy stream: the response tokens those groups had generated
     refills: int = 0  # strategy stream: times prompts were submitted
+    drained_groups: int = 0  # strategy stream: groups finished after the batch was full
     round_sizes: list[int] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)
 
@@ -113,6 +114,19 @@ def generated_acc(groups: list[dict[str, Any]]) -> float | None:
     return float(sum(m * n for m, n in graded) / total) if total else None
 
 
+def finished_length_mean(groups: list[dict[str, Any]]) -> float:
+    """Mean response length over the recorded groups (every group finished this step, kept or
+    filtered); 0.0 when none has lengths."""
+    lengths = [x for g in groups if g.get("response_lengths") is not None for x in g["response_lengths"]]
+    return float(np.mean(lengths)) if lengths else 0.0
+
+
+def _mean_length(b: Batch | None) -> float:
+    if b is None or len(b) == 0 or "response_mask" not in b.tensors:
+        return 0.0
+    return float(b.tensors["response_mask"].sum(-1).double().mean().item())
+
+
 def response_tokens(b: Batch) -> float:
     if "response_mask" in b.tensors:
         return float(b.tensors["response_mask"].sum().item())
@@ -163,6 +177,10 @@ def step_metrics(
         P + "gen_tokens_per_train_token": (st.generated_tokens / trained_tokens if trained_tokens else 0.0),
         P + "generated_response_tokens": st.generated_tokens,
         P + "trained_response_tokens": trained_tokens,
+        # trained vs finished response length: a selection that favours short (or long) responses
+        # shows as a gap between the two
+        P + "trained_response_length_mean": _mean_length(batch),
+        P + "finished_response_length_mean": finished_length_mean(st.groups),
         P + "skipped_step": 1.0 if action == "skip" else 0.0,
         P + "partial_step": (
             1.0 if action == "train" and target is not None and trained_groups < target else 0.0
@@ -189,6 +207,7 @@ def step_metrics(
         m[P + "aborted_groups"] = st.aborted_groups
         m[P + "aborted_response_tokens"] = st.aborted_tokens
         m[P + "stream_refills"] = st.refills
+        m[P + "drained_groups"] = st.drained_groups
     if band is not None:
         m[P + "band_low"], m[P + "band_high"] = band
     if isinstance(epoch, int):

@@ -2,9 +2,10 @@
 interface and the refill rule. The strategy itself is :mod:`dapo.sampling.strategies.stream`.
 
 A :class:`GroupStream` holds groups (one prompt, ``n`` samples) in flight on an engine. The batcher
-submits prompts, takes groups back as they finish (already scored), and aborts the rest once the
-batch is full; the tokens the aborted groups had generated are reported, so the metrics count
-all the work the engine did.
+submits prompts and takes groups back as they finish (already scored); once the batch is full it
+submits nothing more and takes back the rest. ``abort`` empties the stream when a step fails;
+the tokens the aborted groups had generated are reported, so the metrics count all the work the
+engine did.
 """
 
 from __future__ import annotations

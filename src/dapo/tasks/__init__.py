@@ -9,6 +9,7 @@ cache (``$DAPO_CACHE``, default ``~/.cache/dapo``) by one mechanism, ``cache.ens
   (``dapo train --config-name reasoning``); ``reasoning_sparse``: the same chains and model,
   most of them beyond the model's reach, few groups with spread (``data.builtin_task=reasoning_sparse``);
   ``reasoning_wide``: a pool of 1536 of them for coverage measurements, held out on every tier;
+  ``reasoning_longtail``: chains of 1 to 16 operations, so a round's responses differ tenfold;
 * ``arithmetic_chat``: chat-form word problems for a real instruct model (``docs/smollm2.md``).
 
 Each folder's name carries a fingerprint of its recipe, so a changed recipe builds anew.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 #: ``data.builtin_task`` values (the tool task is chosen by ``multi_turn.enable`` instead)
-BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse", "reasoning_wide")
+BUILTIN_TASKS = ("arithmetic", "reasoning", "reasoning_sparse", "reasoning_wide", "reasoning_longtail")
 
 
 def config_problems(cfg: Any) -> list[str]:
@@ -68,6 +69,10 @@ def builtin_task(
         from dapo.tasks.reasoning import ensure_wide_task
 
         return ensure_wide_task(log)
+    if name == "reasoning_longtail":
+        from dapo.tasks.reasoning import ensure_longtail_task
+
+        return ensure_longtail_task(log)
     from dapo.tasks.arithmetic import ensure_task
 
     return ensure_task(log)
@@ -79,7 +84,7 @@ def builtin_model(name: str = "arithmetic", log: Callable[[str], None] = print) 
         from dapo.tasks.tiny_tool_model import ensure_tiny_tool_model
 
         return ensure_tiny_tool_model(log=log)
-    if name in ("reasoning", "reasoning_sparse", "reasoning_wide"):
+    if name in ("reasoning", "reasoning_sparse", "reasoning_wide", "reasoning_longtail"):
         from dapo.tasks.tiny_reasoning_model import ensure_reasoning_model
 
         return ensure_reasoning_model(log=log)

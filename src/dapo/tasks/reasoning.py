@@ -26,6 +26,15 @@ sampler that predicts which prompts will not spread can skip them. Its held-out 
 ``reasoning`` task's (the three learnable tiers): a chain beyond reach would only add a zero to
 the accuracy.
 
+``reasoning_longtail`` is for streaming and partial rollouts: chains of 1 to 16 operations, in
+blocks of ``len(LONGTAIL_STEPS)`` whose lengths follow ``LONGTAIL_STEPS`` (most chains short, one
+in eight 16 operations long), so the right working of a block runs from 24 to 241 tokens: the
+longest response of a round is ten times its shortest and about three times the mean, which is
+the tail a round waits for. Only easy and medium chains (two-digit values) are used, so that the
+longest working fits the reasoning model's positions. The blocks are consecutive in the files; a
+run with ``data.shuffle=false`` keeps them in every round. The reasoning model's warm start saw
+chains of 9 to 12 operations only.
+
 ``reasoning_wide`` is for measuring coverage, how much of a large pool a sampler keeps visiting:
 its pool is 1536 chains (192 batches of the preset's 8 prompts, so 100 steps visit most prompts
 only a few times), 60% ``beyond`` and 30% ``hard`` (most hard groups are all wrong at the warm
@@ -59,6 +68,12 @@ SPARSE_TRAIN_SIZE = 384
 WIDE_TIER_WEIGHTS = {"easy": 0.06, "medium": 0.04, "hard": 0.3, "beyond": 0.6}
 WIDE_TRAIN_SIZE = 1536
 WIDE_EXTRA_TEST = {"hard": 32, "beyond": 32}
+# reasoning_longtail: the operations of each block of chains (a long tail: the mean is a third of
+# the longest; none of 9 to 12, the warm start's lengths, whose easy and medium 12-operation
+# chains it took nearly all), the tiers' shares, and the pool sizes
+LONGTAIL_STEPS = (1, 1, 2, 2, 3, 5, 8, 16)
+LONGTAIL_TIER_WEIGHTS = {"easy": 1 / 3, "medium": 2 / 3}
+LONGTAIL_TRAIN_SIZE, LONGTAIL_TEST_SIZE = 2000, 128
 # draws in a row that meet only chains already taken before make_chains gives up on a tier
 MAX_MISSES = 20_000
 
@@ -112,10 +127,12 @@ def working(chain: Chain, values: list[int] | None = None) -> str:
     return "".join(lines) + f"Answer: {values[-1]}"
 
 
-def make_chain(rng: random.Random, tier: str) -> Chain:
-    """A chain of one repeated operation; ``tier`` sets the operand and the range of values."""
-    # beyond's three-digit lines are longer: at most 10 keep its working as short as the others'
-    steps = rng.randint(MIN_STEPS, MIN_STEPS + 1 if tier == "beyond" else MAX_STEPS)
+def make_chain(rng: random.Random, tier: str, steps: int | None = None) -> Chain:
+    """A chain of one repeated operation; ``tier`` sets the operand and the range of values,
+    ``steps`` the number of operations (by default drawn from the tier's range)."""
+    if steps is None:
+        # beyond's three-digit lines are longer: at most 10 keep its working as short as the others'
+        steps = rng.randint(MIN_STEPS, MIN_STEPS + 1 if tier == "beyond" else MAX_STEPS)
     low, high = {"easy": (1, 2), "beyond": (11, 19)}.get(tier, (3, 9))
     while True:
         op, x = rng.choice("+-"), rng.randint(low, high)
@@ -231,6 +248,52 @@ def ensure_sparse_task(log: Callable[[str], None] = lambda line: None) -> tuple[
     train, test = sparse_split()  # once: it names the cache folder and fills it
     return ensure_task_files(
         "reasoning_sparse", chains_fingerprint(train, test), lambda d: write_chains(d, train, test), log
+    )
+
+
+def longtail_chains(blocks: int, seed: int, exclude: Set[str] = frozenset()) -> list[Chain]:
+    """``blocks`` blocks of chains, each with one chain of every length in ``LONGTAIL_STEPS`` in
+    a seeded order, tiers drawn by ``LONGTAIL_TIER_WEIGHTS``, no question twice or in
+    ``exclude``."""
+    rng = random.Random(seed)
+    tiers, weights = zip(*LONGTAIL_TIER_WEIGHTS.items())
+    seen: set[str] = set(exclude)
+    out: list[Chain] = []
+    for _ in range(blocks):
+        block = []
+        for steps in LONGTAIL_STEPS:
+            for _ in range(MAX_MISSES):
+                c = make_chain(rng, rng.choices(tiers, weights)[0], steps)
+                if c.question not in seen:
+                    break
+            else:
+                raise ValueError(f"no new chain of {steps} operations in {MAX_MISSES} draws")
+            seen.add(c.question)
+            block.append(c)
+        rng.shuffle(block)
+        out.extend(block)
+    return out
+
+
+def longtail_split() -> tuple[list[Chain], list[Chain]]:
+    """The ``reasoning_longtail`` task's train and test chains, disjoint, and none that the
+    warm start trained on or that is a ``reasoning`` test question."""
+    from dapo.tasks.tiny_reasoning_model import warm_start_chains
+
+    k = len(LONGTAIL_STEPS)
+    seen = frozenset(c.question for c in warm_start_chains(0) + split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1])
+    test = longtail_chains(LONGTAIL_TEST_SIZE // k, SEED + 5, seen)
+    train = longtail_chains(LONGTAIL_TRAIN_SIZE // k, SEED + 6, seen | {c.question for c in test})
+    return train, test
+
+
+def ensure_longtail_task(log: Callable[[str], None] = lambda line: None) -> tuple[Path, Path]:
+    """The ``reasoning_longtail`` task's ``train.parquet`` and ``test.parquet`` in the dapo cache."""
+    from dapo.tasks.cache import ensure_task_files
+
+    train, test = longtail_split()
+    return ensure_task_files(
+        "reasoning_longtail", chains_fingerprint(train, test), lambda d: write_chains(d, train, test), log
     )
 
 

@@ -5,7 +5,8 @@ generate | stream, stats, on_round) -> SampledStep`` over the shared :class:`~.b
 * :mod:`.verl`: the DAPO recipe's accumulator, exactly;
 * :mod:`.default`: ours: carried-over pool, adaptive round sizes, pre-rollout skipping;
 * :mod:`.stream`: ``default``'s filter and pool on the engine's group stream, each group
-  filtered as it finishes, generation stopped once the batch is full.
+  filtered as it finishes, nothing new launched once the batch is full (the rest is finished,
+  the batch taken in draw order).
 
 :class:`~dapo.sampling.batcher.DynamicBatcher` picks one per step from the config.
 """

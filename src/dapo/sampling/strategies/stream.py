@@ -1,15 +1,20 @@
 """``strategy=stream``: groups go to the engine one by one (:class:`~dapo.sampling.stream.GroupStream`)
 and are filtered as each finishes; the engine is refilled while the groups in flight are not
-expected to fill the batch (``stream_refill``, at most ``data.gen_batch_size`` in flight), and
-what is still in flight when the batch is full is aborted (its partial tokens count as generated).
-The filter, pool, staleness bound and skipping are ``default``'s. ``max_num_gen_batches`` bounds
-the prompts launched per step to that many times ``data.gen_batch_size``; ``rounds`` counts the
-launched prompts in those units.
+expected to fill the batch (``stream_refill``, at most ``data.gen_batch_size`` in flight).
+
+Once enough groups are kept, nothing new is submitted and the groups still in flight are drained
+(finished and filtered), never aborted; the batch is then the first ``train_batch_size`` kept
+groups in draw order (carried ones first), and the rest goes to the pool. Taking the batch in
+finishing order, or aborting what is still decoding, would train preferentially on short
+responses: a group finishes when its longest sample does. The filter, pool, staleness bound and
+skipping are ``default``'s. ``max_num_gen_batches`` bounds the prompts launched per step to that
+many times ``data.gen_batch_size``; ``rounds`` counts the launched prompts in those units.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from dapo.sampling.pool import Group
 from dapo.sampling.skip import PromptSource
@@ -28,6 +33,7 @@ def step(
     k_max = s.cfg.max_num_gen_batches
     budget = k_max * s.gen_batch_size if k_max > 0 else None  # prompts this step may launch
     launched = finished = kept_step = 0
+    order = DrawOrder()
     try:
         while have < B:
             rate = planning_rate(s.cfg.adaptive_rounds, s.kept_rate, finished, kept_step)
@@ -38,6 +44,7 @@ def step(
                 rows, skipped = s.skip.draw(source, want, s.version)
                 st.skipped_prompts += skipped
                 stream.submit(rows)
+                order.submitted(rows)
                 launched += len(rows)
                 st.round_sizes.append(len(rows))
                 before, st.rounds = st.rounds, math.ceil(launched / s.gen_batch_size)
@@ -46,22 +53,63 @@ def step(
             if stream.in_flight == 0:  # the budget is spent and every launched group is in
                 exhausted = s.exhausted(st, have, verl=False)
                 break
-            rows, b = stream.wait()
-            b = s.tag(rows, b, st)
-            kept_now = s.filter_into(b, st, fresh)
+            done, kept_now = _collect(s, stream, st, fresh, order)
             have = len(s.pool) + len(fresh)
-            finished += len(rows)
+            finished += done
             kept_step += kept_now
             s.report(on_round, st, have, {**s.pool_info(), "in_flight": stream.in_flight})
+        while stream.in_flight:  # the batch is full: finish what was launched, launch nothing new
+            done, kept_now = _collect(s, stream, st, fresh, order)
+            st.drained_groups += done
+            finished += done
+            kept_step += kept_now
     finally:
-        groups, tokens = stream.abort()
+        groups, tokens = stream.abort()  # nothing is left unless a wait raised
         st.aborted_groups += groups
         st.aborted_tokens += tokens
         st.generated_groups += groups
         st.generated_tokens += tokens
     st.refills = len(st.round_sizes)
     s.adapt(finished, kept_step)
+    fresh.sort(key=order.of)
     return s.take(fresh, exhausted, st)
+
+
+def _collect(
+    s: Sampler, stream: GroupStream, st: StepStats, fresh: list[Group], order: DrawOrder
+) -> tuple[int, int]:
+    """Wait for the next finished groups, tag and filter them into ``fresh``; (finished, kept)."""
+    rows, b = stream.wait()
+    first_uid = s.uid_counter
+    b = s.tag(rows, b, st)
+    order.finished(rows, first_uid)
+    return len(rows), s.filter_into(b, st, fresh)
+
+
+class DrawOrder:
+    """Where each group of the step was drawn, by its uid: the stream hands groups back in
+    finishing order, and the batch is taken in draw order so that it does not depend on lengths."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._pending: dict[int, deque[int]] = {}  # id(row) -> draw positions, oldest first
+        self._by_uid: dict[str, int] = {}
+
+    def submitted(self, rows: list[dict]) -> None:
+        for r in rows:
+            self._pending.setdefault(id(r), deque()).append(self._next)
+            self._next += 1
+
+    def finished(self, rows: list[dict], first_uid: int) -> None:
+        """``rows`` came back and were given the uids ``g{first_uid}``, ``g{first_uid + 1}``, ..."""
+        for i, r in enumerate(rows):
+            q = self._pending[id(r)]
+            self._by_uid[f"g{first_uid + i}"] = q.popleft()
+            if not q:
+                del self._pending[id(r)]
+
+    def of(self, g: Group) -> int:
+        return self._by_uid[g.batch.non_tensors["uid"][0]]
 
 
 def planning_rate(adaptive_rounds: bool, kept_rate: float | None, finished: int, kept: int) -> float | None:
