@@ -13,7 +13,13 @@ from dapo.rollout.vllm_rollout import VllmEngineBase, VllmSettings, sampling_fie
 
 R = "actor_rollout_ref.rollout"
 # the DAPO recipe's lengths: 2048 + 20480 tokens, far above max_num_batched_tokens' 8192
-LONG = ["data.max_prompt_length=2048", "data.max_response_length=20480", f"{R}.name=vllm"]
+# a model of one's own (not read by these rules): vLLM on CPU refuses the built-in models' head size
+LONG = [
+    "data.max_prompt_length=2048",
+    "data.max_response_length=20480",
+    f"{R}.name=vllm",
+    "actor_rollout_ref.model.path=/models/m",
+]
 
 
 def _rollout(device: str, *extra: str):
