@@ -63,3 +63,19 @@ def test_dapo_train_scores_with_the_example(tmp_path):
     # the dict's other values travel with each response
     for r in rows:
         assert r["numbers_given"] == score("arithmetic", r["output"], r["gts"])["numbers_given"]
+
+
+def test_a_reward_file_that_does_not_compile_is_one_line_naming_file_and_line(tmp_path):
+    from dapo.errors import DapoError
+    from dapo.reward.pool import load_function_from_file
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("def compute_score(**kw)\n    return 1\n")
+    with pytest.raises(DapoError) as e:
+        load_function_from_file(str(bad), "compute_score")
+    assert str(e.value) == (
+        f"custom_reward_function.path: {bad} line 1: expected ':'; fix the file "
+        "(python -m py_compile FILE shows the same)"
+    )
+    bad.write_text("def compute_score(**kw):\n    return 1\n")  # fixed: the same path loads
+    assert load_function_from_file(str(bad), "compute_score")() == 1

@@ -224,3 +224,14 @@ def test_a_step_that_trains_nothing_dumps_its_groups_and_says_how_often_it_drew(
     assert row["dynamic_sampling/generated_groups"] == 6 * 8 and drawn > 2 * 32
     (line,) = [x for x in out.splitlines() if x.startswith("step 1 |")]
     assert f" | skipped {skipped} draws ({drawn / 32:.1f} passes over 32 prompts) | " in line
+
+
+def test_a_nul_byte_inside_a_list_or_dict_ground_truth_is_found_for_any_reward(tmp_path):
+    custom = RowRules(builtin_scorer=False)  # a custom reward function grades any shape, not NULs
+    for gt, where in ((["1", f"4{NUL}"], "[1] character 1"), ({"a": [f"x{NUL}"]}, "['a'][0] character 1")):
+        path = _write(tmp_path, "nul", _rows(4, gt=lambda i, gt=gt: gt))
+        errors = _errors(path, custom)
+        assert len(errors) == 4
+        assert errors[0].startswith(
+            f"error: row 0: reward_model.ground_truth: has a NUL byte (\\x00) at {where}; "
+        )

@@ -376,6 +376,26 @@ def test_the_audit_hook_hands_out_nothing_it_reads_through_a_comparison(weak):
     ]
 
 
+@pytest.mark.parametrize("weak", MODES)
+def test_a_path_whose_str_subclass_answers_every_comparison_is_still_checked(weak, tmp_path):
+    target = tmp_path / "outside.txt"
+    code = (
+        "class S(str):\n"
+        "    __eq__ = lambda self, other: True\n"
+        "    __hash__ = str.__hash__\n"
+        "    def startswith(self, *a):\n"
+        "        return True\n"
+        "try:\n"
+        f"    open(S({str(target)!r}), 'w').write('x')\n"
+        "    print('written')\n"
+        "except PermissionError as e:\n"
+        "    print(e)\n"
+    )
+    res = run_python(code, SandboxLimits(cpu_seconds=10, memory_mb=256, wall_seconds=60.0), weak=weak)
+    assert res.stdout.strip() == f"sandbox: not allowed to write outside its directory ({target})", res.stdout
+    assert not target.exists()
+
+
 def test_the_audit_hook_reads_no_global_builtin_or_closure_name():
     """What a frame of the hook exposes is that call's copy of its defaults; nothing it looks up
     by name can be patched from outside it (``builtins``, the runner's globals, closure cells)."""

@@ -273,11 +273,11 @@ def check_rows(
                 )
             elif not isinstance(gt, str | dict | list | int | float):
                 add(i, "reward_model.ground_truth", f"has unexpected type {type(gt).__name__}")
-            elif isinstance(gt, str) and "\x00" in gt:
+            elif (nul := _nul_byte_at(gt)) is not None:
                 add(
                     i,
                     "reward_model.ground_truth",
-                    f"has a NUL byte (\\x00) at character {gt.index(chr(0))}; no answer can match it, "
+                    f"has a NUL byte (\\x00) at {nul}; no answer can match it, "
                     "so every response would score wrong: remove it",
                 )
             elif rules.builtin_scorer and known:
@@ -462,3 +462,15 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenienc
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _nul_byte_at(value: Any, where: str = "") -> str | None:
+    """Where a NUL byte is in a ground truth (a string, or one inside a list or dict)."""
+    if isinstance(value, str):
+        return f"{where + ' ' if where else ''}character {value.index(chr(0))}" if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _nul_byte_at(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None

@@ -56,6 +56,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from dapo.config.resolve import default_scoring_workers
+from dapo.errors import DapoError
 
 OK, ERROR, TIMEOUT, DIED, CONFIG = "ok", "error", "timeout", "died", "config"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -131,6 +132,10 @@ def _freeze(kwargs: dict | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((str(k), v) for k, v in (kwargs or {}).items()))
 
 
+class RewardFileError(DapoError, ImportError):
+    """The custom reward file cannot be compiled; the message names the file, line and fix."""
+
+
 def load_function_from_file(path: str | None, name: str) -> Callable[..., Any]:
     """Import ``name`` from the Python file at ``path`` (verl's custom_reward_function)."""
     if not path or not os.path.isfile(path):
@@ -145,6 +150,12 @@ def load_function_from_file(path: str | None, name: str) -> Callable[..., Any]:
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
+        except SyntaxError as e:
+            del sys.modules[mod_name]
+            raise RewardFileError(
+                f"custom_reward_function.path: {path} line {e.lineno}: {e.msg}; fix the file "
+                "(python -m py_compile FILE shows the same)"
+            ) from None
         except BaseException:
             del sys.modules[mod_name]
             raise

@@ -111,6 +111,7 @@ def make_guard(box: str, status_fd: int):
         _isdir=os.path.isdir,
         _write=os.write,
         _str=str,
+        _exact_str=str.__str__,
         _bytes=bytes,
         _int=int,
         _bool=bool,
@@ -147,6 +148,8 @@ def make_guard(box: str, status_fd: int):
                 paths, by_fd = args[:n], _isinstance(dir_fd, _int) and not _isinstance(dir_fd, _bool)
             for given in paths:
                 path = _fsdecode(given) if _isinstance(given, _bytes) else given
+                if _isinstance(path, _str):
+                    path = _exact_str(path)  # a str subclass's own __eq__ would answer the checks below
                 if _isinstance(path, _int) or path == ":memory:":
                     continue  # an already-open descriptor; sqlite's in-memory database
                 if (
