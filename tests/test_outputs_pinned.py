@@ -30,8 +30,8 @@ CASES = {
 }
 
 PINNED = {
-    "default": ("26e1af60c1de6b9e", "e429e2a6c08e1792"),
-    "verl": ("31e8f787263dbc8c", "8dd657cb191f6f2a"),
+    "default": ("6d1a2c9348219613", "e429e2a6c08e1792"),
+    "verl": ("879c294bb6c417b9", "8dd657cb191f6f2a"),
 }
 
 
