@@ -230,6 +230,9 @@ class EngineWorker:
         self._idle_ack = False
         self._stop = False
         self.syncs = 0
+        # OpenMP's thread count is per thread: vLLM's CPU attention checks that the thread that
+        # steps the engine uses the count its metadata was built with (the creating thread's)
+        self._torch_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="dapo-generation", daemon=True)
         self._thread.start()
 
@@ -281,6 +284,7 @@ class EngineWorker:
                 self._cv.notify_all()
 
     def _run(self) -> None:
+        torch.set_num_threads(self._torch_threads)
         eng = self.engine
         held: list | None = None
         try:
