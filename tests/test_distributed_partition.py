@@ -173,6 +173,36 @@ def test_in_process_fsdp_worker_equals_plain_actor(tiny_random_model_dir):
         group.shutdown()
 
 
+def test_in_process_worker_leaves_a_borrowed_process_group_to_its_owner(tiny_random_model_dir):
+    """A process group already in this process (an in-process vLLM engine makes one) is used by a
+    1-rank worker and still there after the worker closes; one the worker made itself is gone.
+    Destroying the borrowed group broke every vLLM engine started later in the process."""
+    import torch.distributed as dist
+
+    from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
+    from dapo.distributed.worker_group import free_port
+
+    torch.set_num_threads(1)
+    spec = WorkerSpec(
+        model_path=str(tiny_random_model_dir), settings=actor_settings(ppo_epochs=1), lr=1e-3, weight_decay=0.01
+    )
+    assert not dist.is_initialized()
+    own = InProcessWorkerGroup(worker_factory(spec))
+    assert dist.is_initialized()
+    own.shutdown()
+    assert not dist.is_initialized()
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        owner = dist.group.WORLD
+        borrowed = InProcessWorkerGroup(worker_factory(spec))
+        borrowed.shutdown()
+        assert dist.is_initialized() and dist.group.WORLD is owner
+        dist.barrier()  # still usable
+    finally:
+        dist.destroy_process_group()
+
+
 def test_local_actor_is_the_plain_actor(tiny_random_model_dir):
     s = actor_settings(ppo_epochs=1)
     a = one_rank(tiny_random_model_dir, s)

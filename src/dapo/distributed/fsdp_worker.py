@@ -134,7 +134,10 @@ class FSDPActorWorker:
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         backend = spec.backend or ("nccl" if cuda else "gloo")
         self.notes: list[str] = []
-        if not dist.is_initialized():
+        # a group already in this process (an in-process vLLM engine makes one) is borrowed, and
+        # left to its owner at close: destroying it broke that engine and every later one
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
             dist.init_process_group(
                 backend,
                 init_method=f"tcp://{master_addr}:{master_port}",
@@ -378,7 +381,7 @@ class FSDPActorWorker:
         load_sharded(self.model, self.optimizer, path)
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if self._owns_group and dist.is_initialized():
             try:
                 dist.barrier()
             finally:
