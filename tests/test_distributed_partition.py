@@ -184,7 +184,10 @@ def test_in_process_worker_leaves_a_borrowed_process_group_to_its_owner(tiny_ran
 
     torch.set_num_threads(1)
     spec = WorkerSpec(
-        model_path=str(tiny_random_model_dir), settings=actor_settings(ppo_epochs=1), lr=1e-3, weight_decay=0.01
+        model_path=str(tiny_random_model_dir),
+        settings=actor_settings(ppo_epochs=1),
+        lr=1e-3,
+        weight_decay=0.01,
     )
     assert not dist.is_initialized()
     own = InProcessWorkerGroup(worker_factory(spec))
