@@ -96,6 +96,9 @@ sys.path[:0] = [{tests!r}]
 from dapo.tools.sandbox import SandboxLimits, run_python
 from fixtures.sandbox_helpers import ORPHAN, marked
 marker, syscall_filter = sys.argv[1], sys.argv[2] == '1'
+# Ctrl-C raises here even when the test runs in a background job, whose SIGINT is ignored and
+# inherited so (Python then installs no handler, and the interrupt would never arrive)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def announce():
     while not marked(marker):
         time.sleep(0.02)
