@@ -82,6 +82,25 @@ def test_a_refused_command_leaves_a_finished_run_byte_identical(finished, tmp_pa
     assert _hashes(run) == before
 
 
+@pytest.mark.slow
+def test_a_finished_run_without_its_finished_file_keeps_its_summary(finished, tmp_path, capsys):
+    """docs/security.md's recovery for a lost finished.json: the original command again. It has
+    no step left to run; the summary still says what the run trained, not 0 steps in 0 s."""
+    import json
+
+    src, args = finished
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(src), str(run)], check=True)
+    args = [a.replace(str(src), str(run)) for a in args]
+    (run / "finished.json").unlink()
+    kept = json.loads((run / "summary.json").read_text())
+    assert kept["steps"] == STEPS and kept["steps_run"] == STEPS and kept["updates"] == STEPS
+    assert main(args) == 0
+    assert "nothing to do" not in capsys.readouterr().out  # it did resume and finish
+    assert (run / "finished.json").exists()
+    assert json.loads((run / "summary.json").read_text()) == kept
+
+
 def test_a_second_train_into_a_busy_directory_is_refused_before_anything_loads(tmp_path):
     run = tmp_path / "run"
     run.mkdir()  # kept when its holder ends: it was there before

@@ -471,6 +471,15 @@ def build_trackers(
     return out
 
 
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``summary.json``, or None when there is none or it does not parse."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def write_summary(
     run_dir: Path, before: Mapping[str, float], after: Mapping[str, float], **fields: Any
 ) -> dict[str, Any]:

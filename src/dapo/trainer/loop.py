@@ -38,7 +38,7 @@ from dapo.outputs.dumps import dump_batch, turn_keys
 from dapo.outputs.profiling import Timer, actor_perf_metrics, device_peak_flops, profile_step
 from dapo.outputs.progress import StepProgress, quiet_third_party_bars
 from dapo.outputs.records import GroupRecorder
-from dapo.outputs.tracking import build_trackers, write_summary
+from dapo.outputs.tracking import build_trackers, read_summary, write_summary
 from dapo.reward.factory import build_reward_manager
 from dapo.reward.scorers import scorer_notes
 from dapo.rollout.rounds import GenerationRound
@@ -393,7 +393,32 @@ class Trainer:
         model_dir = None
         if tr.save_final_model and not tr.val_only and not self.stopped:
             model_dir = save_model_dir(self.run_dir / "final_model", self.model, self.tokenizer)
-        summary = write_summary(
+        previous = read_summary(self.run_dir)
+        if (
+            not tr.val_only
+            and self.steps_run == 0
+            and self.global_step > 0
+            and previous is not None
+            and previous.get("steps") == self.global_step
+        ):
+            # a re-run with no step left (a finished run whose finished.json was lost) keeps the
+            # record of the invocations that trained, instead of "0 steps, 0 updates, 0 s"
+            summary = previous
+        else:
+            summary = self._write_summary(before, after, model_dir, t_start)
+        for t in self.trackers:
+            t.close()
+        if self.async_run is not None:
+            self.async_run.shutdown()
+        for part in (self.actor, self.rollout, self.prefetcher):
+            part.shutdown()
+        self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
+        return summary
+
+    def _write_summary(
+        self, before: dict[str, float], after: dict[str, float], model_dir: Path | None, t_start: float
+    ) -> dict[str, Any]:
+        return write_summary(
             self.run_dir,
             before,
             after,
@@ -408,11 +433,3 @@ class Trainer:
             total_training_steps=self.total_training_steps,
             wall_time_s=round(time.time() - t_start, 1),
         )
-        for t in self.trackers:
-            t.close()
-        if self.async_run is not None:
-            self.async_run.shutdown()
-        for part in (self.actor, self.rollout, self.prefetcher):
-            part.shutdown()
-        self.reward_fn.close() if hasattr(self.reward_fn, "close") else None
-        return summary
