@@ -107,3 +107,47 @@ def test_several_config_problems_are_listed_one_per_line(capsys):
         "  - data.trian_batch_size",
         "  - data.gen_batch_size=8 is smaller than data.train_batch_size=16",
     ]
+
+
+@pytest.mark.parametrize(
+    "case", ["no_weights", "config_not_json", "cuda_on_cpu", "run_dir_is_a_file", "lock_is_a_dir"]
+)
+def test_a_users_mistake_in_train_is_one_dapo_line(case, tmp_path, tiny_random_model_dir, capsys):
+    """Mistakes the trainer meets after validate (which cannot see them all): each is one `dapo:`
+    line that names the key and the path, exit 2, no traceback, instead of transformers', torch's
+    or the OS's exception."""
+    import shutil
+
+    import torch
+
+    if case == "cuda_on_cpu" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_random_model_dir, model)
+    run = tmp_path / "run"
+    if case == "no_weights":
+        for f in model.glob("*.safetensors"):
+            f.unlink()
+    elif case == "config_not_json":
+        (model / "config.json").write_text("not json")
+    elif case == "run_dir_is_a_file":
+        run.write_text("a file of the user's")
+    elif case == "lock_is_a_dir":
+        (run / "dapo.lock").mkdir(parents=True)
+    args = ["train", f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={run}"]
+    if case == "cuda_on_cpu":
+        args.append("trainer.device=cuda")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("dapo:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    says = {
+        "no_weights": f"actor_rollout_ref.model.path: the model in {model} does not load",
+        "config_not_json": "does not load",
+        "cuda_on_cpu": "trainer.device=cuda: this machine has no CUDA device",
+        "run_dir_is_a_file": f"trainer.default_local_dir={run}: cannot take the run directory's lock",
+        "lock_is_a_dir": f"trainer.default_local_dir={run}: cannot take the run directory's lock",
+    }[case]
+    assert says in lines[0], lines[0]
+    if case == "run_dir_is_a_file":
+        assert run.read_text() == "a file of the user's"

@@ -40,6 +40,7 @@ def _parquet(path, **columns):
 def _model(path):
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (path / "model.safetensors").write_bytes(b"")  # validate looks for the file, never reads it
     return path
 
 
@@ -110,6 +111,17 @@ def test_a_model_path_must_be_a_model_directory(tmp_path, capsys):
     assert (
         rc == 2 and f"actor_rollout_ref.model.tokenizer_path: {tmp_path}/tok is not a directory" in lines[0]
     )
+    # a config.json that is not JSON, or no weights beside it: what train would fail on loading
+    bad = _model(tmp_path / "badjson")
+    (bad / "config.json").write_text("not json")
+    rc, lines = _validate(capsys, f"actor_rollout_ref.model.path={bad}")
+    assert (
+        rc == 2 and f"actor_rollout_ref.model.path: {bad} has a config.json that does not parse" in lines[0]
+    )
+    bare = _model(tmp_path / "noweights")
+    (bare / "model.safetensors").unlink()
+    rc, lines = _validate(capsys, f"actor_rollout_ref.model.path={bare}")
+    assert rc == 2 and f"actor_rollout_ref.model.path: {bare} has no weights" in lines[0]
     # null (the built-in tiny model) and a real model directory are fine
     assert main(["validate", "actor_rollout_ref.model.path=null"]) == 0
     assert main(["validate", f"actor_rollout_ref.model.path={_model(tmp_path / 'm')}"]) == 0
@@ -170,8 +182,7 @@ def test_vllm_on_cpu_with_a_head_size_its_attention_lacks_is_refused_by_validate
     assert main(["validate", "actor_rollout_ref.rollout.name=vllm"]) == 2
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.name=vllm: the model's head size is 24, which vLLM's CPU" in err
-    model = tmp_path / "m"
-    model.mkdir()
+    model = _model(tmp_path / "m")
     (model / "config.json").write_text('{"hidden_size": 128, "num_attention_heads": 2}')
     args = ["validate", "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.model.path={model}"]
     assert main(args) == 0  # head size 64
@@ -179,3 +190,11 @@ def test_vllm_on_cpu_with_a_head_size_its_attention_lacks_is_refused_by_validate
     assert main(args) == 2
     assert "the model's head size is 48" in capsys.readouterr().err
     assert main(["validate", f"actor_rollout_ref.model.path={model}"]) == 0  # the own engine takes any
+
+
+def test_an_interpolation_that_does_not_resolve_is_one_line_not_a_rules_traceback(capsys, monkeypatch):
+    monkeypatch.delenv("DAPO_TEST_NO_SUCH_VAR", raising=False)
+    rc, lines = _validate(capsys, "data.train_files=${oc.env:DAPO_TEST_NO_SUCH_VAR}")
+    assert rc == 2 and len(lines) == 1
+    assert lines[0].startswith("dapo: invalid configuration: cannot resolve interpolations")
+    assert "DAPO_TEST_NO_SUCH_VAR" in lines[0]

@@ -158,6 +158,7 @@ def _recipe_machine(home: Path, monkeypatch) -> None:
     # Qwen2.5-32B's attention shape: SP 8 must split 40 query and 8 key/value heads
     shape = {"model_type": "qwen2", "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120}
     (model / "config.json").write_text(json.dumps(shape))
+    (model / "model.safetensors.index.json").write_text("{}")  # its shards, as validate looks for them
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setattr(dapo.config.machine, "cuda_device_count", lambda: 8)
 

@@ -82,12 +82,38 @@ def model_problems(cfg: Any) -> list[str]:
                 f"{MODEL_KEY}: {model.path} is not a Hugging Face model directory (it has no config.json); "
                 "point it at a directory written by save_pretrained, or null for the built-in tiny model"
             )
+        else:
+            problem = _model_dir_problem(path)
+            if problem:
+                out.append(f"{MODEL_KEY}: {model.path} {problem}")
     if model.tokenizer_path is not None and not Path(str(model.tokenizer_path)).expanduser().is_dir():
         out.append(
             f"{TOKENIZER_KEY}: {model.tokenizer_path} is not a directory; point it at the tokenizer's "
             "directory, or null to use the model's"
         )
     return out
+
+
+WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
+
+
+def _model_dir_problem(path: Path) -> str | None:
+    """What makes a directory with a config.json unloadable, read without loading: a config.json
+    that is not a JSON object, or no weights file."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"has a config.json that does not parse ({e}); write it again with save_pretrained"
+    if not isinstance(config, dict):
+        return "has a config.json that is not a JSON object; write it again with save_pretrained"
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        return (
+            "has no weights (no *.safetensors or pytorch_model*.bin); save the model into it with "
+            "save_pretrained, or point the key at the directory that has them"
+        )
+    return None
 
 
 def _model_hint(path: str) -> str:

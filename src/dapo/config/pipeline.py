@@ -60,7 +60,13 @@ def build_config(
     refused, notes = unimplemented_problems(loaded, user)
     problems += refused
     for rule in rules:
-        problems += rule(loaded)
+        try:
+            problems += rule(loaded)
+        except Exception:
+            if not problems:
+                raise
+            # a rule that reads a value the problems above left broken (an interpolation that
+            # does not resolve) has nothing to add to them
     if problems:
         raise ConfigError(problems)
     # the step count is known now when the parquet footers tell the number of rows

@@ -19,12 +19,15 @@ from dapo.errors import ModelError
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     p = _check_dir(path)
-    if _generic_fast_tokenizer(p):
-        # AutoTokenizer would pick the tokenizer class of config.json's model type (e.g. Qwen2's,
-        # which drops spaces from a character vocabulary); a generic tokenizer.json loads as is
-        tok = PreTrainedTokenizerFast.from_pretrained(str(p))
-    else:
-        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    try:
+        if _generic_fast_tokenizer(p):
+            # AutoTokenizer would pick the tokenizer class of config.json's model type (e.g. Qwen2's,
+            # which drops spaces from a character vocabulary); a generic tokenizer.json loads as is
+            tok = PreTrainedTokenizerFast.from_pretrained(str(p))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelError(_load_failure(p, "tokenizer", e)) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -40,8 +43,25 @@ def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
 ) -> PreTrainedModel:
     p = _check_dir(path)
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, trust_remote_code=trust_remote_code)
-    return model
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelError(_load_failure(p, "model", e)) from None
+
+
+def _load_failure(p: Path, what: str, e: Exception) -> str:
+    """One line for a directory transformers could not load (no weights, a config.json that is
+    not JSON, no tokenizer files): its own first line, the path, and what to do."""
+    reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    key = (
+        "actor_rollout_ref.model.path"
+        if what == "model"
+        else "actor_rollout_ref.model.tokenizer_path (or path)"
+    )
+    return (
+        f"{key}: the {what} in {p} does not load ({reason}); point it at a directory written by "
+        "save_pretrained (config.json, the weights and the tokenizer files)"
+    )
 
 
 def _generic_fast_tokenizer(p: Path) -> bool:
@@ -79,6 +99,11 @@ def build_policy(
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=m.trust_remote_code)
     if m.custom_chat_template:
         tokenizer.chat_template = m.custom_chat_template
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError(
+            "trainer.device=cuda: this machine has no CUDA device (torch.cuda.is_available() is false); "
+            "set trainer.device=cpu"
+        )
     dev = torch.device("cuda" if device == "cuda" else "cpu")
     model = load_model(
         path, dtype=resolve_model_dtype(model_dtype, dev), trust_remote_code=m.trust_remote_code

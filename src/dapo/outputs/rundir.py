@@ -134,6 +134,17 @@ class RunLock:
         self._before: frozenset[str] | None = None
 
     def acquire(self) -> RunLock:
+        try:
+            return self._acquire()
+        except OSError as e:
+            # a path that is a file, under /proc, unwritable, or a lock file that is a directory
+            raise RunDirError(
+                f"trainer.default_local_dir={self.run_dir}: cannot take the run directory's lock "
+                f"{self.path} ({e.strerror or e}); set trainer.default_local_dir to a directory you can "
+                "write, or remove what stands at that path"
+            ) from None
+
+    def _acquire(self) -> RunLock:
         self._created = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
         # what was there before: a lock file this command made is removed again when the command
         # wrote nothing else (a refused command leaves a directory of the user's as it was)
