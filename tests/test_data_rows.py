@@ -124,6 +124,19 @@ def test_validation_files_are_checked_too_and_one_bad_row_is_named_alone(tmp_pat
     assert "more row" not in str(e.value)
 
 
+def test_a_file_with_no_rows_is_refused_before_the_model_loads(tmp_path):
+    """`dapo data check` says it has no rows; train said so only after loading the model, and
+    blamed the prompt length."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(1)).slice(0, 0), str(empty))
+    assert [str(p) for p in check_file(empty).problems] == ["error: file: has no rows"]
+    with pytest.raises(DataError) as e:
+        refuse_bad_data(run_config(), [str(empty)], None)
+    assert str(e.value).startswith(
+        f"data.train_files: {empty} has no rows; point the key at a file with prompts"
+    )
+
+
 def test_ground_truth_rules_follow_the_scorer_of_each_data_source(tmp_path):
     cases = [
         # (data_source, ground truth, flagged?)

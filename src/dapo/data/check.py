@@ -65,6 +65,8 @@ class Problem:
     severity: str = "error"
 
     def __str__(self) -> str:
+        if self.row is None and self.column == "file":  # not "file: file: ..."
+            return f"{self.severity}: file: {self.message}"
         where = f"row {self.row}" if self.row is not None else "file"
         return f"{self.severity}: {where}: {self.column}: {self.message}"
 
@@ -370,7 +372,13 @@ def refuse_bad_rows(files: list[str], rules: RowRules, files_key: str = "data.tr
     bad: list[CheckReport] = []
     for path in files:
         report = CheckReport(str(Path(path).expanduser()))
-        check_rows(read_raw_rows(path, rules.prompt_key), report, rules=rules)
+        rows = read_raw_rows(path, rules.prompt_key)
+        if not rows:
+            raise DataError(
+                f"{files_key}: {report.path} has no rows; point the key at a file with prompts "
+                "(`dapo data check FILE` checks one)"
+            )
+        check_rows(rows, report, rules=rules)
         if report.errors:
             bad.append(report)
     if not bad:
