@@ -96,3 +96,24 @@ def test_eval_never_loads_a_checkpoint_over_the_model(trained, tiny_random_model
     assert main(["eval", "--model", str(run_dir / "global_step_2"), *common]) == 2
     (err,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dapo:")]
     assert err.startswith(f"dapo: {run_dir / 'global_step_2' / 'dapo_checkpoint.json'}: missing")
+
+
+@pytest.mark.parametrize("given", ["missing", "not_a_model"])
+def test_eval_of_what_is_not_a_model_is_one_line_and_leaves_no_directory(
+    given, tmp_path, monkeypatch, capsys
+):
+    """`dapo eval --model X` names X as given (not X/actor/huggingface) and, refused, writes no run
+    directory under the current one."""
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "nope"
+    if given == "not_a_model":
+        model.mkdir()
+        (model / "notes.txt").write_text("not a model")
+    assert main(["eval", "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    want = "does not exist" if given == "missing" else "is not a model directory"
+    assert err.strip().splitlines() == [
+        f"dapo: --model {model}: {want} (a directory with config.json, or a global_step_N checkpoint "
+        "holding one); give the model directory or checkpoint to score"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if given == "missing" else ["nope"])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config.load import DEFAULT_PRESET, ConfigError, preset_names, to_yaml
-from dapo.errors import DapoError
+from dapo.errors import DapoError, ModelError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -224,6 +224,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if (Path(args.model) / MANIFEST).exists() or checkpoint_step(args.model) is not None:
             verify_checkpoint(args.model, warn=lambda msg: print(f"dapo: warning: {msg}", file=sys.stderr))
         model = hf_model_dir(args.model)  # a model directory, or a global_step_N checkpoint
+        if not (model / "config.json").is_file():
+            what = "does not exist" if not Path(args.model).exists() else "is not a model directory"
+            raise ModelError(
+                f"--model {args.model}: {what} (a directory with config.json, or a global_step_N "
+                "checkpoint holding one); give the model directory or checkpoint to score"
+            )
         overrides.append(f"actor_rollout_ref.model.path={model}")
     # evaluation scores the model it is given: a checkpoint in the run directory never loads over it
     overrides += ["trainer.val_only=true", "trainer.logger=[console]", "trainer.resume_mode=disable"]

@@ -81,7 +81,6 @@ class Trainer:
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         self.run_dir = Path(tr.default_local_dir).expanduser()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         files = run_files(cfg, self.print)
         refuse_bad_data(cfg, files.train_files, files.val_files)  # before the model loads
         self.model_path = files.model_path
@@ -92,6 +91,9 @@ class Trainer:
             device=tr.device,
             model_dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
         )
+        # made once the data and the model have loaded: a refused `dapo eval` (which takes no run
+        # lock) leaves no directory behind
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rollout = RolloutRunner(cfg, self.model, self.tokenizer, self.print, model_path=self.model_path)
         self.train_rows, self.val_rows, self.sampler = build_prompt_data(
             cfg.data,
