@@ -97,6 +97,17 @@ def test_unexpected_exception_keeps_its_traceback(tmp_path):
         main(["data", "arithmetic", "--output", str(not_a_dir / "data")])
 
 
+def test_data_arithmetic_into_an_existing_file_is_one_line(tmp_path, capsys):
+    taken = tmp_path / "good.parquet"
+    taken.write_bytes(b"the user's")
+    rc, err = _run(["data", "arithmetic", "--output", str(taken)], capsys)
+    assert rc == 2 and err.strip() == (
+        f"dapo: --output {taken}: is a file; give a directory (train.parquet and test.parquet are "
+        "written into it)"
+    )
+    assert taken.read_bytes() == b"the user's"
+
+
 def test_several_config_problems_are_listed_one_per_line(capsys):
     argv = ["validate", "data.trian_batch_size=3", "data.gen_batch_size=8", "data.train_batch_size=16"]
     rc, err = _run(argv, capsys)

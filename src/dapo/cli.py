@@ -247,6 +247,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_data_arithmetic(args: argparse.Namespace) -> int:
     from dapo.tasks.arithmetic import write_task
 
+    out = Path(args.output).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DapoError(
+            f"--output {args.output}: is a file; give a directory (train.parquet and test.parquet "
+            "are written into it)"
+        )
     train, test = write_task(
         args.output, train_size=args.train_size, test_size=args.test_size, seed=args.seed
     )
