@@ -74,9 +74,11 @@ class PartialRollout:
     def oldest_versions(self) -> dict[Any, int]:
         """Per group in flight, the oldest policy version among its tokens (the current version
         for a group with no token yet)."""
+        # a snapshot: the generation thread's step() pops finished groups while the trainer's
+        # thread reads this (list() of a dict's items runs under the GIL in one go)
         return {
             k: min((s.versions[0] for s in samples if s.versions), default=self.version)
-            for k, (_, samples) in self._groups.items()
+            for k, (_, samples) in list(self._groups.items())
         }
 
     def submit(self, key: Any, prompt: list[int]) -> None:
