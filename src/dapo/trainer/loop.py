@@ -205,48 +205,55 @@ class Trainer:
             progress.advance_to(self.global_step)
             if self.cfg.async_training.mode != "sync":
                 self.async_run = AsyncRun(self.cfg, self.rollout, self.round, self.batcher, self.sampler)
-            while self.global_step < self.total_training_steps:
-                self.global_step += 1
-                self.steps_run += 1
-                with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
-                    metrics = self._train_step(progress)
-                for line in self.rollout.step_warnings():
-                    self.print(line)
-                if self.prefetcher.error is not None:
-                    self._log(metrics, step=self.global_step)
-                    self.print(
-                        f"generating the batch of step {self.global_step + 1} failed; step "
-                        f"{self.global_step} is logged but not saved (the last checkpoint is intact)"
+            try:
+                while self.global_step < self.total_training_steps:
+                    self.global_step += 1
+                    self.steps_run += 1
+                    with profile_step(self.global_step, tr.profile_steps, self.run_dir / "profile"):
+                        metrics = self._train_step(progress)
+                    for line in self.rollout.step_warnings():
+                        self.print(line)
+                    if self.prefetcher.error is not None:
+                        self._log(metrics, step=self.global_step)
+                        self.print(
+                            f"generating the batch of step {self.global_step + 1} failed; step "
+                            f"{self.global_step} is logged but not saved (the last checkpoint is intact)"
+                        )
+                        raise self.prefetcher.error
+                    is_last = self.global_step >= self.total_training_steps
+                    timer = Timer()
+                    # validation also runs after the last step, whatever test_freq, so the summary has it
+                    if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
+                        with timer("testing"):
+                            last_val = self.validation["last"] = self.validate()
+                        metrics.update(last_val)
+                        metrics["timing_s/testing"] = timer.raw["testing"]
+                    saved = stop.requested or (
+                        tr.save_freq > 0 and (is_last or self.global_step % tr.save_freq == 0)
                     )
-                    raise self.prefetcher.error
-                is_last = self.global_step >= self.total_training_steps
-                timer = Timer()
-                # validation also runs after the last step, whatever test_freq, so the summary has it
-                if is_last or (tr.test_freq > 0 and self.global_step % tr.test_freq == 0):
-                    with timer("testing"):
-                        last_val = self.validation["last"] = self.validate()
-                    metrics.update(last_val)
-                    metrics["timing_s/testing"] = timer.raw["testing"]
-                saved = stop.requested or (
-                    tr.save_freq > 0 and (is_last or self.global_step % tr.save_freq == 0)
-                )
-                if saved:
-                    self.step_row = dict(metrics)
-                    self.rollout.to_trainer()  # the optimizer state is the actor's again
-                    with timer("save_checkpoint"):
-                        with self._generation_quiet():
-                            save_trainer(self)
-                    metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
-                progress.advance(metrics)
-                self._log(metrics, step=self.global_step)
-                refresh_report(self.run_dir, self.global_step, tr.report_freq, is_last, log=self.print)
-                if stop.requested:
-                    if not saved:  # the stop came while the step was being logged (a closed console)
+                    if saved:
                         self.step_row = dict(metrics)
-                        self.rollout.to_trainer()
-                        with self._generation_quiet():
-                            save_trainer(self)
-                    break
+                        self.rollout.to_trainer()  # the optimizer state is the actor's again
+                        with timer("save_checkpoint"):
+                            with self._generation_quiet():
+                                save_trainer(self)
+                        metrics["timing_s/save_checkpoint"] = timer.raw["save_checkpoint"]
+                    progress.advance(metrics)
+                    self._log(metrics, step=self.global_step)
+                    refresh_report(self.run_dir, self.global_step, tr.report_freq, is_last, log=self.print)
+                    if stop.requested:
+                        if not saved:  # the stop came while the step was being logged (a closed console)
+                            self.step_row = dict(metrics)
+                            self.rollout.to_trainer()
+                            with self._generation_quiet():
+                                save_trainer(self)
+                        break
+            except BaseException:
+                # an error, or Ctrl-C, must not leave the generation and scoring threads
+                # stepping the engine and drawing prompts behind the exception
+                if self.async_run is not None:
+                    self.async_run.shutdown()
+                raise
         self.stopped, self.stopped_by = stop.requested, stop.reason
         return self._finish(before, last_val, t_start)
 
