@@ -148,6 +148,7 @@ class AsyncSampler:
     # ------------------------------------------------------------ the scoring thread
 
     def _new_step(self) -> None:
+        self.s.skip.new_step()  # the per-step skip state, as the sync batcher resets it
         self.st = StepStats(gen_version=self.s.version)
         self._launched = 0  # prompts launched for the batch being collected
         self._exhausted = False
