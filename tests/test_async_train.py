@@ -57,6 +57,14 @@ def test_async_config_defaults_and_refusals():
         (["async_training.mode=colocate_async"], "rollout.name=vllm"),
         (["async_training.mode=separate_async"], "not available yet"),
         (["async_training.max_off_policy_strategy=later"], "drop or wait"),
+        (
+            [
+                "async_training.mode=colocate_async",
+                "actor_rollout_ref.rollout.name=vllm",
+                "algorithm.filter_groups.carry_over=false",
+            ],
+            "carry_over=true",
+        ),
     ):
         with pytest.raises(Exception, match=says):
             build_config(bad)

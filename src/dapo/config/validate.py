@@ -389,6 +389,11 @@ def _async_problems(cfg: Any) -> list[str]:
             int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node) != 1,
             "one actor rank (trainer.nnodes x trainer.n_gpus_per_node = 1)",
         ),
+        (
+            fg.enable and not fg.carry_over,
+            "algorithm.filter_groups.carry_over=true (the pool holds the next batches' groups, which "
+            "carry_over=false would throw away every step)",
+        ),
     ]
     p.extend(f"{key}.mode={at.mode} needs {fix}" for bad, fix in why if bad)
     return p
