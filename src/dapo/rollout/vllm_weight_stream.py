@@ -158,6 +158,12 @@ class WeightSender:
         return t
 
     def close(self) -> None:
+        # shutdown wakes a thread blocked in accept() (close alone does not on Linux), so a failed
+        # RPC that no worker connected for is reported at once, not after the socket's timeout
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not listening any more
         self._server.close()
 
 
