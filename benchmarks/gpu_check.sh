@@ -121,7 +121,7 @@ print("params", sum(p.numel() for p in LlamaForCausalLM(cfg).parameters()))
 EOF
 
 # ---------------------------------------------------------------- the CUDA tests
-step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_algo_cuda.py \
+step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_algo_cuda.py tests/test_gpu_path_offload_cuda.py \
   "tests/test_distributed_fsdp.py::test_nccl_two_gpus_equal_one_rank" -rs --junitxml="$OUT/tests.xml"
 
 # ---------------------------------------------------------------- training runs

@@ -246,3 +246,14 @@ def test_builder_world_one_is_the_local_actor_and_sizes_per_rank(tiny_random_mod
     assert len(logs) == 1 and "12 trajectories does not divide by 5" in logs[0]
     with pytest.raises(ValueError, match="worker_backend"):
         build_actor(cfg, model_path="x", settings=s, actor=a, backend="mpi")
+
+
+def test_batch_to_moves_tensors_and_keeps_rows():
+    b = Batch({"x": torch.arange(6.0).view(3, 2)}, {"uid": ["a", "b", "c"]}, {"k": 1})
+    assert b.to("cpu") is b  # already there: no copy
+    m = b.to("meta")
+    assert m.tensors["x"].device.type == "meta" and m.tensors["x"].shape == (3, 2)
+    assert list(m.non_tensors["uid"]) == ["a", "b", "c"] and m.meta == {"k": 1} and m.meta is not b.meta
+    assert b.tensors["x"].device.type == "cpu"  # the original is unchanged
+    picked = m.select([2, 0])
+    assert picked.tensors["x"].device.type == "meta" and list(picked.non_tensors["uid"]) == ["c", "a"]

@@ -54,10 +54,17 @@ class Batch:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         np_idx = idx.numpy()
         return Batch(
-            tensors={k: v.index_select(0, idx) for k, v in self.tensors.items()},
+            tensors={k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()},
             non_tensors={k: v[np_idx] for k, v in self.non_tensors.items()},
             meta=dict(self.meta),
         )
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same rows with every tensor on ``device`` (this batch itself when all are there)."""
+        device = torch.device(device)
+        if all(v.device == device for v in self.tensors.values()):
+            return self
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors, dict(self.meta))
 
     def slice(self, start: int, stop: int) -> Batch:
         return self.select(np.arange(start, min(stop, len(self))))

@@ -126,16 +126,21 @@ def compute_log_prob(
         parts = micro_batch_indices(
             attn, micro_batch_size, use_dynamic_bsz, max_token_len, "log_prob_max_token_len_per_gpu"
         )
+        device = next(model.parameters()).device
         lps, ents = [], []
         for part in parts:
-            rows = torch.as_tensor(part, dtype=torch.long)
-            lp, ent = forward(model, ids[rows], attn[rows], width, temperature, calculate_entropy)
+            rows = torch.as_tensor(part, dtype=torch.long, device=ids.device)
+            lp, ent = forward(
+                model, ids[rows].to(device), attn[rows].to(device), width, temperature, calculate_entropy
+            )
             lps.append(lp)
             if ent is not None:
                 ents.append(ent)
     finally:
         model.train(was_training)
-    return restore_order(lps, parts), (restore_order(ents, parts) if ents else None)
+    # on the batch's device, where the caller keeps the rest of its columns
+    lp = restore_order(lps, parts).to(ids.device)
+    return lp, (restore_order(ents, parts).to(ids.device) if ents else None)
 
 
 class Actor:
@@ -163,7 +168,7 @@ class Actor:
 
     # ------------------------------------------------------------------ auto token budgets
     def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:
-        part = batch.select(np.asarray(rows))
+        part = batch.select(np.asarray(rows)).to(next(self.model.parameters()).device)
         ids, attn, width = _inputs(part)
         a = self.s.actor
         need_entropy = a.calculate_entropy or a.entropy_coeff != 0
@@ -243,6 +248,7 @@ class Actor:
 
     def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
         s = self.s.actor
+        mini = mini.to(next(self.model.parameters()).device)
         mask_all = mini.tensors["response_mask"].float()
         info = compute_global_batch_info(mask_all, dp_size=1, loss_scale_factor=s.loss_scale_factor)
         cfg = MiniBatchLossConfig(s, info)

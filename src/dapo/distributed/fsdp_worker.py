@@ -283,7 +283,7 @@ class FSDPActorWorker:
             raise ValueError("this worker group was built without a reference model (use_ref=False)")
         lp, ent = compute_log_prob(
             model,
-            _to(batch, self.device),
+            batch.to(self.device),
             temperature,
             micro_batch_size,
             calculate_entropy,
@@ -306,8 +306,9 @@ class FSDPActorWorker:
             m = p.tensors["response_mask"]
             local[j, 0] = float(m.sum())
             local[j, 1] = float((m.sum(-1) > 0).sum())
-        glob = local.clone()
+        glob = local.to(self.device, copy=True)  # nccl reduces device tensors only
         dist.all_reduce(glob, op=dist.ReduceOp.SUM)  # exact global counts per mini-batch
+        glob = glob.cpu()
         glob /= self.sp  # the ranks of an SP group hold the same rows
         out = []
         for j, p in enumerate(pieces):
@@ -321,7 +322,7 @@ class FSDPActorWorker:
                 share = seq_share
             self._scale = self.world * share
             try:
-                stats = self.actor.update_policy(_to(p, self.device))
+                stats = self.actor.update_policy(p.to(self.device))
             finally:
                 self._scale = 1.0
             stats["_w_loss"] = share
@@ -508,12 +509,6 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     # scheduler's initial_lr on the driver); those keep their current values
     checkpoint_dcp.load(state, path, allow_partial_load=True)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-def _to(batch: Batch, device: torch.device) -> Batch:
-    if device.type == "cpu":
-        return batch
-    return Batch({k: v.to(device) for k, v in batch.tensors.items()}, batch.non_tensors, batch.meta)
 
 
 class worker_factory:  # noqa: N801 (a picklable callable used like a function)
