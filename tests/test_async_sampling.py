@@ -24,13 +24,15 @@ def rows(num: int) -> list[dict]:
     ]
 
 
-def build(cfg: FilterGroupsConfig, acc, delay=lambda p: 0, k=1, action="drop", state=None, num=32):
+def build(
+    cfg: FilterGroupsConfig, acc, delay=lambda p: 0, k=1, action="drop", state=None, num=32, slots=None
+):
     batcher = DynamicBatcher(cfg, B, 8, N, seed=0)
     source = ListSource(rows(num), seed=0)
     if state is not None:
         batcher.load_state_dict(state["batcher"])
         source.load_state_dict(state["source"])
-    engine = FakeGroupEngine(delay)
+    engine = FakeGroupEngine(delay, slots=slots)
     engine.version = batcher.version
     a = AsyncSampler(
         batcher,
@@ -106,6 +108,34 @@ def test_async_wait_holds_the_pool_to_its_lead():
             assert max(seen) <= 2 * B + batcher.gen_batch_size
     finally:
         a.close()
+
+
+def test_async_drop_bounds_the_groups_in_flight_when_the_engine_falls_behind():
+    # an engine that decodes 2 groups at a time and is paused: what the trainer's updates leave
+    # queued has no token, so it never expires; new prompts must not pile up behind it version
+    # after version (each version's refill would otherwise launch gen_batch_size more)
+    cfg = FilterGroupsConfig(enable=True, max_staleness=1)
+    batcher, _, engine, a = build(cfg, HALF, k=1, action="drop", slots=2)
+    cap = batcher.gen_batch_size * (1 + 1)  # what k=1 can still train: this version's and the last's
+    engine.hold(True)
+    seen = []
+    try:
+        for _ in range(8):
+            with a.cv:
+                v = a.advance()
+            engine.publish(v)
+            with a.cv:
+                for _ in range(20):  # let the scoring thread refill at this version (if it may)
+                    a.cv.wait(0.05)
+                seen.append(len(a._rows))
+                assert len(a._rows) == len(engine._flight)  # every group the sampler tracks is in the engine
+        assert max(seen) <= cap and engine.queued() <= cap
+        assert a.totals["dropped_in_flight"] > 0  # the running ones went stale and were dropped
+        engine.hold(False)  # decoding resumes: the trainer gets full batches again
+        steps = train(a, engine, 3)
+    finally:
+        a.close()
+    assert [s.action for s in steps] == ["train"] * 3 and all(len(s.batch) == B * N for s in steps)
 
 
 def test_async_every_prompt_filtered_round_budget_answers():

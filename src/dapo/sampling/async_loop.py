@@ -100,6 +100,12 @@ class AsyncSampler:
         """Batches the pool may hold ahead of the trainer within the bound."""
         return max(self.k, 1) if self.action == WAIT else self.k + 1
 
+    @property
+    def max_in_flight(self) -> int:
+        """Groups in flight at most: a generation batch for each policy version whose groups can
+        still be trained (the current one and ``max_off_policy_threshold`` before it)."""
+        return self.s.gen_batch_size * (self.k + 1)
+
     def next_batch(self) -> SampledStep:
         """The next training batch: ``train_batch_size`` pooled groups, oldest version first, once there
         are that many, or what ``on_exhausted`` says once the round budget is spent."""
@@ -169,6 +175,10 @@ class AsyncSampler:
         # starve the trainer, and with it the update that expires the tail)
         young = sum(1 for v in self._launch_version.values() if v == s.version)
         want = stream_refill(target - have, young, s.gen_batch_size, rate, s.cfg.round_margin)
+        # but never more in flight than the versions the bound can still train launch: a group
+        # queued in the engine has no token yet, so it never expires, and an engine that falls
+        # behind would otherwise collect another gen_batch_size of them at every update
+        want = min(want, self.max_in_flight - len(self._rows))
         budget = self._budget()
         if budget is not None:
             want = min(want, budget - self._launched)

@@ -205,22 +205,28 @@ class FakeGroupEngine:
     A group submitted at policy version ``v`` finishes once ``delay(prompt_ids)`` further
     versions have been published (0: at once); its first half of tokens is stamped ``v``, the rest
     with the version it finished at (:func:`fake_finish` packs it). ``hold(True)`` pauses
-    decoding: nothing finishes until it is released."""
+    decoding: nothing finishes until it is released.
 
-    def __init__(self, delay: Callable[[list[int]], int] = lambda p: 0) -> None:
+    ``slots``: at most this many groups decode at once (None: all); the rest wait in a queue in
+    submission order with no token yet, as requests wait in vLLM's scheduler, so
+    :meth:`oldest_versions` does not list them and their versions start when they get a slot."""
+
+    def __init__(self, delay: Callable[[list[int]], int] = lambda p: 0, slots: int | None = None) -> None:
         import queue
         import threading
 
         self.finished: Any = queue.Queue()
         self.delay, self.version, self.held, self.ever_held = delay, 0, False, False
+        self.slots = slots
         self._lock = threading.Lock()
-        self._flight: dict[Any, list] = {}  # key -> [prompt, start version, updates left]
+        # key -> [prompt, start version (None while queued), updates left]
+        self._flight: dict[Any, list] = {}
         self.submitted: list[Any] = []
         self.dropped: list[Any] = []
 
     def submit(self, key: Any, prompt: list[int]) -> None:
         with self._lock:
-            self._flight[key] = [list(prompt), self.version, int(self.delay(list(prompt)))]
+            self._flight[key] = [list(prompt), None, int(self.delay(list(prompt)))]
             self.submitted.append(key)
             self._release()
 
@@ -229,10 +235,16 @@ class FakeGroupEngine:
             for k in keys:
                 if self._flight.pop(k, None) is not None:
                     self.dropped.append(k)
+            self._release()
 
     def oldest_versions(self) -> dict[Any, int]:
         with self._lock:
-            return {k: f[1] for k, f in self._flight.items()}
+            return {k: f[1] for k, f in self._flight.items() if f[1] is not None}
+
+    def queued(self) -> int:
+        """Groups submitted and waiting for a slot."""
+        with self._lock:
+            return sum(1 for f in self._flight.values() if f[1] is None)
 
     def hold(self, on: bool) -> None:
         with self._lock:
@@ -244,15 +256,24 @@ class FakeGroupEngine:
         with self._lock:
             self.version = int(version)
             for f in self._flight.values():
-                f[2] -= 1
+                if f[1] is not None:
+                    f[2] -= 1
             self._release()
 
     def _release(self) -> None:
+        running = sum(1 for f in self._flight.values() if f[1] is not None)
+        for f in self._flight.values():  # the queue takes the free slots, oldest first
+            if f[1] is None and (self.slots is None or running < self.slots):
+                f[1] = self.version
+                running += 1
         if self.held:
             return
-        for k in [k for k, f in self._flight.items() if f[2] <= 0]:
+        done = [k for k, f in self._flight.items() if f[1] is not None and f[2] <= 0]
+        for k in done:
             prompt, start, _ = self._flight.pop(k)
             self.finished.put(_FakeGroup(k, prompt, start, self.version))
+        if done and any(f[1] is None for f in self._flight.values()):
+            self._release()  # the finished groups freed slots for the queue
 
 
 class _FakeGroup:
