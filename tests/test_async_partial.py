@@ -112,3 +112,28 @@ def test_async_engine_worker_publishes_between_steps_and_idles(engine, weights):
         assert w.syncs == 1
     finally:
         w.close()
+
+
+def test_async_partial_seeds_requests_only_with_per_request_seed(engine):
+    import dataclasses
+
+    sampled = SamplingParams(n=2, do_sample=True, temperature=1.0, response_length=8)
+    saved = engine.settings
+    try:
+        for on in (True, False):
+            engine.settings = dataclasses.replace(saved, per_request_seed=on)
+            p = PartialRollout(engine, sampled)
+            seeds, add = [], p._engine.add_request
+            p._engine.add_request = lambda rid, prompt, sp, add=add, seeds=seeds: (
+                seeds.append(sp.seed),
+                add(rid, prompt, sp),
+            )
+            state = engine.generator.get_state()
+            _run(p, PROMPTS[:2])
+            del p._engine.add_request
+            assert len(seeds) == 4
+            # one seed per request is drawn either way (the generator moves the same), used only when on
+            assert not torch.equal(engine.generator.get_state(), state)
+            assert all(isinstance(s, int) for s in seeds) if on else seeds == [None] * 4
+    finally:
+        engine.settings = saved

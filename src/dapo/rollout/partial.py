@@ -1,7 +1,7 @@
 """Partial rollouts on the in-process vLLM engine: requests that survive a weight sync.
 
-Each sample of a group is its own vLLM request (``n = 1``, its own seed), stepped one engine
-step at a time. At a weight sync (:meth:`PartialRollout.sync`) every request in flight is
+Each sample of a group is its own vLLM request (``n = 1``, its own seed with
+``rollout.per_request_seed``), stepped one engine step at a time. At a weight sync (:meth:`PartialRollout.sync`) every request in flight is
 aborted with the tokens it has so far, the new weights are loaded, the prefix cache is reset
 (its blocks were computed with the old weights; a continuation must not read them), and each
 unfinished sample is resubmitted as ``prompt + tokens so far`` with the rest of its token budget.
@@ -92,7 +92,7 @@ class PartialRollout:
         from vllm import SamplingParams as VllmSamplingParams
 
         r = self.rollout
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=r.generator))
+        (seed,) = r.request_seeds(1)  # None unless rollout.per_request_seed (slow on GPUs)
         left = int(self.params.response_length) - len(s.tokens)
         fields = sampling_fields(self.params, r.eos_token_ids, seed)
         fields["n"], fields["max_tokens"] = 1, left
