@@ -57,7 +57,9 @@ class AsyncRun:
 
     def next_batch(self) -> tuple[SampledStep, GenContext]:
         sampled = self.sampler.next_batch()
-        ctx, self.ctx = self.ctx, GenContext()
+        # not while the scoring thread adds a finish's figures to the context being handed over
+        with self._scoring:
+            ctx, self.ctx = self.ctx, GenContext()
         eng = self.worker.engine
         sampled.metrics["async/weight_syncs_total"] = float(self.worker.syncs)
         sampled.metrics["async/resumed_requests_total"] = float(eng.resumed)
