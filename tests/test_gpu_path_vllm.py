@@ -213,3 +213,38 @@ def test_gpu_path_tensor_parallel_two_workers_pull_the_stream(model_dir):
     finally:
         eng.shutdown()
     assert max(ratios) < 0.25, ratios
+
+
+def test_gpu_path_server_sleeps_level_2_in_the_handoff(server, model_dir):
+    """A server on the trainer's devices takes turns with the actor as the in-process engine
+    does: it sleeps at level 2 (its weights discarded, so the sync must send them again), then
+    wakes its weights, takes the new ones and wakes its KV cache; it generates from them."""
+    from dapo.actor.offload import MemoryLedger
+    from dapo.rollout.handoff import Handoff
+    from dapo.rollout.runner import weights_version
+
+    model = _moved(model_dir, 4)
+    ledger = MemoryLedger()
+    handoff = Handoff(server, None, "cpu", ledger)
+    server.update_weights(model)
+    server.synced_version = weights_version(model)
+    handoff.phase = "rollout"
+    handoff.to_trainer()
+    assert ledger.events == ["vllm: sleep level 2"] and server.synced_version is None
+    assert not server.sleep()  # asleep already
+
+    def sync() -> bool:
+        if server.synced_version == weights_version(model):
+            return False
+        server.update_weights(model)
+        server.synced_version = weights_version(model)
+        return True
+
+    handoff.to_rollout(sync)
+    assert ledger.events == [
+        "vllm: sleep level 2",
+        "vllm: wake weights",
+        "weights sent",
+        "vllm: wake kv_cache",
+    ]
+    assert _max_logprob_gap(server, model) < 1e-3

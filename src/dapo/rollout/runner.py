@@ -83,11 +83,13 @@ class RolloutRunner:
         )
 
     def attach_handoff(self, cfg: Any, optimizer: torch.optim.Optimizer | None) -> None:
-        """Share the device between the policy and a colocated vLLM engine: before generation the
-        actor (``optimizer`` given: it trains in this process) frees its gradients and offloads its
-        optimizer state (and with ``param_offload`` its parameters), vLLM sleeps during the update."""
+        """Share the device between the policy and a vLLM engine on it (in process, or a server on
+        the trainer's devices): before generation the actor (``optimizer`` given: it trains in
+        this process) frees its gradients and offloads its optimizer state (and with
+        ``param_offload`` its parameters), vLLM sleeps during the update."""
         r = cfg.actor_rollout_ref.rollout
-        if r.name != "vllm" or r.placement != "colocated":
+        # a server on devices of its own shares nothing with the actor
+        if r.name != "vllm" or (r.placement != "colocated" and r.server_devices is not None):
             return
         ledger = MemoryLedger()
         actor = None

@@ -14,9 +14,12 @@ every worker through ``/collective_rpc`` (a development endpoint: ``VLLM_SERVER_
 connect and feed the stream to ``reload_weights``, then drops the prefix cache
 (``/reset_prefix_cache``); a reset the server reports as failed stops the run.
 
-Sleep (CUDA with ``free_cache_engine``): between generations the server sleeps at level 1
-(``/sleep``); a sync wakes the weights first, loads, then wakes the KV cache, so the cache is
-not allocated while weights arrive.
+Sleep (``free_cache_engine``, the server on the trainer's devices): the colocated
+handoff (:mod:`dapo.rollout.handoff`) drives the server as it drives the in-process engine: it
+sleeps at level 2 (``/sleep``: weights and KV cache discarded) while the actor computes and
+updates, and before generating wakes its weights, takes the new ones, then wakes its KV cache,
+so the cache is not allocated while weights arrive (on CPU vLLM pauses and keeps its memory).
+On devices of its own (``rollout.server_devices``) it shares nothing and never sleeps.
 
 The server never outlives the trainer: it runs under a small guard process
 (``vllm_server_guard.py``) in a session (process group) of its own. The guard holds a
@@ -48,7 +51,9 @@ from typing import Any
 import torch
 
 from dapo.rollout.vllm_rollout import (
+    KV_CACHE,
     WEIGHT_RECEIVER,
+    WEIGHTS,
     VllmEngineBase,
     VllmSettings,
     WeightSyncError,
@@ -187,8 +192,8 @@ class VllmServerRollout(VllmEngineBase):
         self.devices = devices
         self.in_flight = 0  # HTTP requests open now, and the most at once (generation stats)
         self.max_in_flight = 0
-        self._sleeps = settings.device == "cuda" and settings.free_cache_engine
-        self._asleep = False
+        self._sleeps = settings.free_cache_engine and devices is None
+        self._asleep: set[str] = set()  # the tags the server holds discarded: weights, kv_cache
         server = [
             python or sys.executable,
             "-m",
@@ -204,7 +209,6 @@ class VllmServerRollout(VllmEngineBase):
         )
         atexit.register(self.shutdown)
         self._wait_healthy(startup_timeout_s)
-        self._sleep()
 
     # ------------------------------------------------------------------ process
     def _log_tail(self, lines: int = 15) -> str:
@@ -282,11 +286,8 @@ class VllmServerRollout(VllmEngineBase):
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
     ) -> list[list[tuple[list[int], list[float], bool]]]:
         bodies = [{"token_ids": list(p), "sampling_params": r} for p, r in zip(prompt_ids, requests)]
-        self._wake()
-        try:
-            responses = asyncio.run(self._generate_all(bodies))
-        finally:
-            self._sleep()
+        self.wake_up([WEIGHTS, KV_CACHE])
+        responses = asyncio.run(self._generate_all(bodies))
         return [parse_choices(r) for r in responses]
 
     async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[Any]:
@@ -318,7 +319,7 @@ class VllmServerRollout(VllmEngineBase):
         weights = state_dict_for_vllm(model)
         sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
-            self._wake(["weights"])
+            self.wake_up([WEIGHTS])
             thread = sender.send_in_thread(weights.items())
             try:
                 self._post("/collective_rpc", {"method": "dapo_receive_weights", "kwargs": sender.address()})
@@ -328,22 +329,25 @@ class VllmServerRollout(VllmEngineBase):
             if sender.error is not None:
                 raise sender.error
             del weights
-            self._wake(["kv_cache"])
             check_prefix_cache_reset(self._post("/reset_prefix_cache"))
         except Exception as e:
             raise WeightSyncError(e) from e
-        finally:
-            self._sleep()
 
-    def _sleep(self) -> None:
-        if self._sleeps and not self._asleep:
-            self._post("/sleep?level=1")
-            self._asleep = True
+    def sleep(self) -> bool:
+        """Discard weights and KV cache (level 2: the handoff sends the weights again before the
+        next generation); whether it slept. Only on the trainer's devices."""
+        if not self._sleeps or self._asleep:
+            return False
+        self._post("/sleep?level=2")
+        self._asleep = {WEIGHTS, KV_CACHE}
+        self.synced_version = None  # the weights are gone: the next sync must send them
+        return True
 
-    def _wake(self, tags: list[str] | None = None) -> None:
-        if not self._asleep:
-            return
-        query = "&".join(f"tags={t}" for t in tags or [])
-        self._post("/wake_up" + (f"?{query}" if query else ""))
-        if tags is None or "kv_cache" in tags:
-            self._asleep = False
+    def wake_up(self, tags: list[str]) -> bool:
+        """Wake the sleeping ones of ``tags`` (``weights`` before a sync, ``kv_cache`` after it);
+        whether any was asleep."""
+        todo = [t for t in (WEIGHTS, KV_CACHE) if t in tags and t in self._asleep]
+        if todo:
+            self._post("/wake_up?" + "&".join(f"tags={t}" for t in todo))
+            self._asleep -= set(todo)
+        return bool(todo)
