@@ -5,6 +5,8 @@
 #   benchmarks/gpu_check.sh OUT_DIR          # on a CUDA machine
 #   benchmarks/gpu_check.sh --dry OUT_DIR    # the same steps on CPU with tiny sizes (CI runs this)
 #   benchmarks/gpu_check.sh --plan           # the steps and their time budgets, and nothing else
+#   DAPO_GPU_CHECK_SHAPE=qwen2.5-1.5b benchmarks/gpu_check.sh OUT_DIR
+#                                            # the same with a Qwen2.5-1.5B-shaped model (bf16 file)
 #
 # Needs no network: a checkout, the machine's torch and transformers (and vLLM for the vllm step,
 # which is skipped with its reason without it), and the wheels of benchmarks/gpu_check_wheels.txt
@@ -34,7 +36,7 @@ STEPS=(wheels model tests train fsdp vllm)
 declare -A BUDGET=([wheels]=20 [model]=40 [tests]=90 [train]=110 [fsdp]=80 [vllm]=120)
 declare -A WHAT=(
   [wheels]="install .whl/ into .whl/site"
-  [model]="a SmolLM2-135M-shaped model, random weights"
+  [model]="a SmolLM2-135M-shaped model (or DAPO_GPU_CHECK_SHAPE's), random weights"
   [tests]="the CUDA tests via pytest"
   [train]="dapo train, bf16, the built-in rollout engine"
   [fsdp]="the same on one FSDP rank"
@@ -66,7 +68,7 @@ PY="${PYTHON:-python}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 SITE="$ROOT/.whl/site"
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}:$SITE"
-export DAPO_GPU_CHECK_DRY=$DRY DAPO_GPU_CHECK_OUT="$OUT"
+export DAPO_GPU_CHECK_DRY=$DRY DAPO_GPU_CHECK_OUT="$OUT" DAPO_GPU_CHECK_SHAPE="${DAPO_GPU_CHECK_SHAPE:-smollm2-135m}"
 cd "$ROOT" || exit 2
 # the budgets are the GPU's; a dry run on a shared CPU gets three times as long a step before its timeout
 if [ "$DRY" = 1 ]; then
@@ -105,19 +107,31 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dapo.model.tokenizer import build_char_tokenizer
 
 dry = os.environ["DAPO_GPU_CHECK_DRY"] == "1"
+name = os.environ["DAPO_GPU_CHECK_SHAPE"]
 tok = build_char_tokenizer()
-# SmolLM2-135M: 30 layers, hidden 576, 9 heads / 3 kv heads, MLP 1536, 49152 vocabulary, tied
+SHAPES = {
+    # 30 layers, hidden 576, 9 heads / 3 kv heads, MLP 1536, 49152 vocabulary, tied
+    "smollm2-135m": dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True),
+    # Qwen2.5-1.5B's sizes in a Llama (no attention biases): 1.5 B parameters
+    "qwen2.5-1.5b": dict(num_hidden_layers=28, hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+}
+if name not in SHAPES:
+    sys.exit(f"DAPO_GPU_CHECK_SHAPE={name}: expected one of {', '.join(SHAPES)}")
 # dry: head size 32, which vLLM's CPU attention accepts
 shape = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-             intermediate_size=128, vocab_size=128) if dry else dict(
-             num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-             intermediate_size=1536, vocab_size=49152)
-cfg = LlamaConfig(**shape, max_position_embeddings=2048, rope_theta=100000.0, tie_word_embeddings=True,
+             intermediate_size=128, vocab_size=128, tie_word_embeddings=True) if dry else SHAPES[name]
+cfg = LlamaConfig(**shape, max_position_embeddings=2048, rope_theta=100000.0,
                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
 torch.manual_seed(0)
-LlamaForCausalLM(cfg).save_pretrained(sys.argv[1])
+with torch.device("cuda" if torch.cuda.is_available() and not dry else "cpu"):  # a GPU draws 1.5 B faster
+    model = LlamaForCausalLM(cfg)
+if sum(p.numel() for p in model.parameters()) > 5e8:
+    model = model.to(torch.bfloat16)  # half the file; the runs load it in their own dtype
+model.save_pretrained(sys.argv[1])
 tok.save_pretrained(sys.argv[1])
-print("params", sum(p.numel() for p in LlamaForCausalLM(cfg).parameters()))
+print("shape", name, "params", sum(p.numel() for p in model.parameters()))
 EOF
 
 # ---------------------------------------------------------------- the CUDA tests

@@ -70,6 +70,7 @@ def env_figures(dry: bool) -> dict[str, Any]:
         "transformers": metadata.version("transformers"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "devices": torch.cuda.device_count() if cuda else 1,
+        "model_shape": os.environ.get("DAPO_GPU_CHECK_SHAPE", "smollm2-135m"),
     }
 
 
