@@ -9,6 +9,7 @@ import copy
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
@@ -291,7 +292,11 @@ class Trainer:
                 batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
                 with self.timer("update_actor"):
                     metrics.update(self.actor.update_policy(batch))
-                self.scheduler.step()
+                with warnings.catch_warnings():
+                    # with actor ranks the driver's optimizer only carries the schedule (the ranks
+                    # step their own), and torch would warn at every run's first step
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                    self.scheduler.step()
                 if self.async_run is not None:
                     self.async_run.after_update(self.model)
                 self.updates += 1
