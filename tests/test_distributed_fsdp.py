@@ -112,7 +112,7 @@ def test_hsdp_replicate_by_shard_mesh(tiny_random_model_dir):
 
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-    reason="nccl FSDP needs 2 CUDA GPUs (none on this CPU machine; not claimed)",
+    reason="nccl FSDP needs 2 CUDA GPUs (fewer here; not claimed)",
 )
 def test_nccl_two_gpus_equal_one_rank(tiny_random_model_dir):
     info = _fresh_group_matches_one_rank(tiny_random_model_dir, {"param_offload": True}, device="cuda")
