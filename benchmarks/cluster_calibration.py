@@ -3,8 +3,9 @@
 Each run is ``dapo train`` of the default preset (the built-in arithmetic task and tiny model, the
 own rollout engine) with one change (strategy, batch, ``n``, filtering); the runs go one after
 another, ``--repeats`` times, every other pass in reverse order, so that a change of the machine's
-load falls on all of them. Each run's share of a core (its CPU seconds over its wall seconds) is
-recorded with its steps. Per step after the first (which also pays the first forward passes) it records
+load falls on all of them. Each step's share of a core is recorded with it: the trainer's CPU
+seconds over the step (``perf/cpu_time_per_step``) over its wall seconds, so a step slowed by
+the machine's load counts what it cost, not how long it waited. Per step after the first (which also pays the first forward passes) it records
 the step's measured times and the statistics the model predicts from: generation rounds,
 prompts and responses generated, the longest response, prompt and trained tokens. The result is
 written as ``src/dapo/bench/cluster_data.py`` (a Python literal, so the command needs no data
@@ -19,11 +20,9 @@ import argparse
 import json
 import os
 import pprint
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 RUNS = {
@@ -65,8 +64,11 @@ def step_records(run_dir: Path) -> list[dict]:
             {
                 "step": step,
                 "wall_s": r["timing_s/step"],
+                "cpu_s": r["perf/cpu_time_per_step"],
                 "gen_s": r["timing_s/gen"],
-                "update_s": r["timing_s/update_actor"],
+                # the old log-probs' pass (when the step recomputed them) and the update
+                "update_s": r["timing_s/update_actor"] + r.get("timing_s/old_log_prob", 0.0),
+                "old_log_prob": 1.0 if "timing_s/old_log_prob" in r else 0.0,
                 "rounds": int(r["train/num_gen_batches"]),
                 "gen_groups": int(r["dynamic_sampling/generated_groups"]),
                 "gen_tokens": float(r["dynamic_sampling/generated_response_tokens"]),
@@ -108,13 +110,11 @@ def main() -> int:
                     "trainer.save_freq=0",
                     *RUNS[name],
                 ]
-                before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-                after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - t0
-                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-                # the share of a core the run got: its step times x this are the CPU seconds they took
-                share = min(1.0, cpu / wall)
-                steps = [{**s, "repeat": rep, "cpu_share": share} for s in step_records(run_dir)]
+                # the share of a core each step got: its phase times x this are the CPU seconds they took
+                steps = [
+                    {**s, "repeat": rep, "cpu_share": s["cpu_s"] / s["wall_s"]} for s in step_records(run_dir)
+                ]
                 data["runs"][name]["steps"].extend(steps)
                 print(name, rep, "done", uptime(), flush=True)
     data["load_after"] = uptime()

@@ -114,10 +114,11 @@ def test_round_spreads_sequences_over_engines_and_waits_for_the_slowest():
 
 def _synthetic_runs() -> dict:
     """Runs whose times follow the fitted form exactly: generation 2 ms a step + 0.1 ms a row,
-    update 0.2 s + 0.5 ms a trained token, the rest 0.05 s."""
+    update 0.2 s + 0.5 ms a trained token (+ 0.3 ms when old log-probs were recomputed), the
+    rest 0.05 s."""
     runs = {}
-    for i, (rounds, gen_tokens, trained) in enumerate(
-        [(1, 1000, 700), (2, 2000, 1400), (1, 3000, 2800), (3, 2500, 1400)]
+    for i, (rounds, gen_tokens, trained, old) in enumerate(
+        [(1, 1000, 700, 0), (2, 2000, 1400, 0), (1, 3000, 2800, 1), (3, 2500, 1400, 0), (2, 1500, 2100, 1)]
     ):
         s = {
             "rounds": rounds,
@@ -126,9 +127,9 @@ def _synthetic_runs() -> dict:
             "gen_groups": 16,
             "prompt_len": 0.0,
         }
-        s |= {"trained_tokens": trained, "trained_rows": 16}
+        s |= {"trained_tokens": trained, "trained_rows": 16, "old_log_prob": float(old)}
         s["gen_s"] = 0.002 * rounds * 20 + 0.0001 * gen_tokens
-        s["update_s"] = 0.2 + 0.0005 * trained
+        s["update_s"] = 0.2 + 0.0005 * trained + 0.0003 * trained * old
         s["wall_s"] = s["gen_s"] + s["update_s"] + 0.05
         slow = {**s, **{k: s[k] * 3 for k in ("wall_s", "gen_s", "update_s")}, "cpu_share": 1 / 3}
         runs[f"r{i}"] = {"n": 8, "steps": [s, slow]}
@@ -143,20 +144,20 @@ def test_cpu_fit_recovers_a_known_cost_and_predicts_held_out_runs():
     assert run_summary(runs["r0"])["wall_s"] == pytest.approx(runs["r0"]["steps"][0]["wall_s"])
     fit = fit_cpu(runs)
     assert (fit.cost.step_s, fit.cost.row_s) == (pytest.approx(0.002), pytest.approx(0.0001))
-    assert fit.update == pytest.approx([0.2, 0.0005], abs=1e-9)
+    assert fit.update == pytest.approx([0.2, 0.0005, 0.0003], abs=1e-9)
     for r in leave_one_out(runs):
         assert abs(r["wall_error"]) < 1e-6 and abs(r["gen_error"]) < 1e-6
 
 
 def test_recorded_cpu_runs_held_out_errors():
-    """The recorded runs (two cores at load 3 to 5): the held-out predictions are within 35%, not
-    within the 20% the model is meant to reach; the command says so."""
+    """The recorded runs (in the trainer's CPU seconds per step, two cores at load about 3): every
+    held-out prediction is within the 20% the model is meant to reach."""
     from dapo.bench.cluster import leave_one_out
     from dapo.bench.cluster_data import RUNS
 
     out = leave_one_out(RUNS["runs"])
     assert len(out) == len(RUNS["runs"]) >= 5
-    assert all(abs(r["wall_error"]) <= 0.35 for r in out), out
+    assert all(abs(r["wall_error"]) <= 0.2 for r in out), out
 
 
 def test_verl_ratio_is_reproduced_and_predictions_print(capsys):

@@ -1,5 +1,6 @@
 """`dapo train` end to end on a user's own parquet and model directory (tiny random model)."""
 
+import os
 import warnings
 
 import pytest
@@ -41,6 +42,10 @@ def test_train_on_user_parquet_and_model_dir(tmp_path, tiny_random_model_dir, us
         "actor/grad_norm",
     ):
         assert key in rows[1], key
+    # the step's CPU seconds: positive, and no more than every core running through the step
+    # (a unit slip, ms for s, would break it)
+    for r in rows[1:]:
+        assert 0 < r["perf/cpu_time_per_step"] <= (r["timing_s/step"] + 1.0) * os.cpu_count()
     assert "val-core/arithmetic/acc/mean@2" in rows[0] and "val-core/arithmetic/acc/mean@2" in rows[2]
     summary = run_summary(run_dir)
     assert summary["steps"] == 2

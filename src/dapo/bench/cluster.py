@@ -83,8 +83,11 @@ def gen_features(s: dict[str, Any], n: int) -> list[float]:
 
 
 def update_features(s: dict[str, Any], n: int) -> list[float]:
-    """Old log-probs and the update: a fixed part and the trained tokens, prompts included."""
-    return [1.0, s["trained_tokens"] + s["trained_rows"] * n * s["prompt_len"]]
+    """Old log-probs and the update: a fixed part, the trained tokens (prompts included), and the
+    same tokens again when the step recomputed old log-probs (``old_log_prob`` 1: more than one
+    mini-batch, so no on-policy fast path), a forward pass the update's backward does not share."""
+    tokens = s["trained_tokens"] + s["trained_rows"] * n * s["prompt_len"]
+    return [1.0, tokens, s.get("old_log_prob", 0.0) * tokens]
 
 
 def other_features(s: dict[str, Any], n: int) -> list[float]:

@@ -260,6 +260,9 @@ class Trainer:
 
     def _train_step(self, progress: StepProgress) -> dict[str, float]:
         self.timer = Timer()
+        # the trainer process's CPU seconds over the step (all its threads; not the scoring
+        # workers'): on a shared machine a step's wall seconds say more about the load than the step
+        cpu0 = time.process_time()
         with self.timer("step"):
             sampled, ctx = self._next_sampled(progress)
             self.group_recorder.write(self.global_step, sampled)
@@ -313,6 +316,7 @@ class Trainer:
         metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
         metrics.update(compute_data_metrics(batch))
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
+        metrics["perf/cpu_time_per_step"] = time.process_time() - cpu0
         if not hasattr(self, "_peak_flops"):  # measured once per run (on a CPU it draws from torch's RNG)
             self._peak_flops = device_peak_flops(self.device, next(self.model.parameters()).dtype)
         seq_lens = batch.tensors["attention_mask"].sum(-1).tolist() * self.settings.actor.ppo_epochs
