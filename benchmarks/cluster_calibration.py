@@ -11,7 +11,7 @@ prompts and responses generated, the longest response, prompt and trained tokens
 written as ``src/dapo/bench/cluster_data.py`` (a Python literal, so the command needs no data
 files), with the ``uptime`` load before and after.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/cluster_calibration.py --steps 7 --repeats 2
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/cluster_calibration.py --steps 6 --repeats 2
 """
 
 from __future__ import annotations
