@@ -155,7 +155,7 @@ class Actor:
         self.log: Callable[[str], None] = print
         # the update's token budget: the configured one, or the latest an ``auto`` probe chose
         self.ppo_budget = settings.ppo_token_budget
-        device = next(model.parameters()).device
+        device = self.device
         self.auto_ppo = self.auto_log_prob = None
         if settings.auto_ppo:
             self.auto_ppo = AutoBudget(
@@ -166,9 +166,14 @@ class Actor:
                 "log_prob_max_token_len_per_gpu", settings.auto_budget, device, lambda m: self.log(m)
             )
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are now, and so where its inputs go."""
+        return next(self.model.parameters()).device
+
     # ------------------------------------------------------------------ auto token budgets
     def _probe(self, batch: Batch, rows: list[int], grad: bool) -> None:
-        part = batch.select(np.asarray(rows)).to(next(self.model.parameters()).device)
+        part = batch.select(np.asarray(rows)).to(self.device)
         ids, attn, width = _inputs(part)
         a = self.s.actor
         need_entropy = a.calculate_entropy or a.entropy_coeff != 0
@@ -225,7 +230,7 @@ class Actor:
         if self.auto_ppo is None:
             return self._update_policy(batch)
         budget = self.ppo_budget = self.choose_ppo_budget(batch)
-        with peak_growth(next(self.model.parameters()).device, exact=False) as peak:
+        with peak_growth(self.device, exact=False) as peak:
             out = self._update_policy(batch)
         self.auto_ppo.observe(peak[0])
         out["actor/ppo_max_token_len"] = float(budget)
@@ -248,7 +253,7 @@ class Actor:
 
     def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
         s = self.s.actor
-        mini = mini.to(next(self.model.parameters()).device)
+        mini = mini.to(self.device)
         mask_all = mini.tensors["response_mask"].float()
         info = compute_global_batch_info(mask_all, dp_size=1, loss_scale_factor=s.loss_scale_factor)
         cfg = MiniBatchLossConfig(s, info)

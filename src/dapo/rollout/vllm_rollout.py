@@ -342,7 +342,8 @@ def completion_rows(request_output: Any) -> list[tuple[list[int], list[float], b
 
 class VllmEngineBase:
     """What both placements share: the sampling seed stream, the output packing, the fields the
-    trainer reads (``generator``, ``pad_token_id``, ``synced_version``)."""
+    trainer reads (``generator``, ``pad_token_id``, ``synced_version``), and the sleep state the
+    handoff (:mod:`dapo.rollout.handoff`) drives through :meth:`sleep` and :meth:`wake_up`."""
 
     def __init__(self, eos_token_ids: list[int], pad_token_id: int, settings: VllmSettings, seed: int):
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
@@ -355,6 +356,40 @@ class VllmEngineBase:
         # None: no weights yet (load_format=dummy); the runner records it when it builds the engine
         self.synced_version: int | None = 0
         self.device_generators: dict[str, torch.Generator] = {}  # none: vLLM seeds each request
+        self._asleep: set[str] = set()  # the tags vLLM holds discarded: weights, kv_cache
+
+    def _may_sleep(self) -> bool:
+        return bool(self.settings.free_cache_engine)
+
+    def _engine_sleep(self) -> None:
+        """vLLM's sleep at level 2, in this placement's way."""
+        raise NotImplementedError
+
+    def _engine_wake(self, tags: list[str]) -> None:
+        """vLLM's ``wake_up`` of ``tags``, in this placement's way."""
+        raise NotImplementedError
+
+    def sleep(self) -> bool:
+        """Discard weights and KV cache (vLLM's sleep level 2: the weights are sent again before the
+        next generation, so keeping a host copy would be wasted); whether it slept."""
+        if not self._may_sleep() or self._asleep:
+            return False
+        self._engine_sleep()
+        self._asleep = {WEIGHTS, KV_CACHE}
+        self.synced_version = None  # on a GPU the weights are gone: the next sync must send them
+        return True
+
+    def wake_up(self, tags: list[str]) -> bool:
+        """Wake the sleeping ones of ``tags`` (``weights`` before a sync, ``kv_cache`` after it);
+        whether any was asleep."""
+        todo = [t for t in (WEIGHTS, KV_CACHE) if t in tags and t in self._asleep]
+        if todo:
+            self._engine_wake(todo)
+            self._asleep -= set(todo)
+        return bool(todo)
+
+    def _wake(self) -> None:
+        self.wake_up([WEIGHTS, KV_CACHE])
 
     def request_seeds(self, count: int) -> list[int | None]:
         """One seed per request from ``generator`` (drawn whether or not they are used, so the
@@ -434,7 +469,6 @@ class VllmRollout(VllmEngineBase):
                 worker_extension_cls=WEIGHT_RECEIVER,
                 **settings.engine_kwargs(),
             )
-        self._asleep: set[str] = set()  # the tags vLLM holds discarded: weights, kv_cache
 
     def _complete(
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
@@ -491,28 +525,12 @@ class VllmRollout(VllmEngineBase):
         self._wake()
         yield
 
-    def sleep(self) -> bool:
-        """Discard weights and KV cache (vLLM's sleep level 2: the weights are sent again before the
-        next generation, so keeping a host copy would be wasted); whether it slept. On CPU vLLM
-        pauses its scheduler and its worker keeps the memory."""
-        if not self.settings.free_cache_engine or self._asleep:
-            return False
+    def _engine_sleep(self) -> None:
+        # on CPU vLLM pauses its scheduler and its worker keeps the memory
         self.llm.sleep(level=2)
-        self._asleep = {WEIGHTS, KV_CACHE}
-        self.synced_version = None  # on a GPU the weights are gone: the next sync must send them
-        return True
 
-    def wake_up(self, tags: list[str]) -> bool:
-        """Wake the sleeping ones of ``tags`` (``weights`` before a sync, ``kv_cache`` after it);
-        whether any was asleep."""
-        todo = [t for t in (WEIGHTS, KV_CACHE) if t in tags and t in self._asleep]
-        if todo:
-            self.llm.wake_up(tags=todo)
-            self._asleep -= set(todo)
-        return bool(todo)
-
-    def _wake(self) -> None:
-        self.wake_up([WEIGHTS, KV_CACHE])
+    def _engine_wake(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
 
     def shutdown(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

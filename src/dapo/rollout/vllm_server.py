@@ -51,7 +51,6 @@ from typing import Any
 import torch
 
 from dapo.rollout.vllm_rollout import (
-    KV_CACHE,
     WEIGHT_RECEIVER,
     WEIGHTS,
     VllmEngineBase,
@@ -192,8 +191,6 @@ class VllmServerRollout(VllmEngineBase):
         self.devices = devices
         self.in_flight = 0  # HTTP requests open now, and the most at once (generation stats)
         self.max_in_flight = 0
-        self._sleeps = settings.free_cache_engine and devices is None
-        self._asleep: set[str] = set()  # the tags the server holds discarded: weights, kv_cache
         server = [
             python or sys.executable,
             "-m",
@@ -286,7 +283,7 @@ class VllmServerRollout(VllmEngineBase):
         self, prompt_ids: list[list[int]], requests: list[dict[str, Any]]
     ) -> list[list[tuple[list[int], list[float], bool]]]:
         bodies = [{"token_ids": list(p), "sampling_params": r} for p, r in zip(prompt_ids, requests)]
-        self.wake_up([WEIGHTS, KV_CACHE])
+        self._wake()
         responses = asyncio.run(self._generate_all(bodies))
         return [parse_choices(r) for r in responses]
 
@@ -333,21 +330,12 @@ class VllmServerRollout(VllmEngineBase):
         except Exception as e:
             raise WeightSyncError(e) from e
 
-    def sleep(self) -> bool:
-        """Discard weights and KV cache (level 2: the handoff sends the weights again before the
-        next generation); whether it slept. Only on the trainer's devices."""
-        if not self._sleeps or self._asleep:
-            return False
-        self._post("/sleep?level=2")
-        self._asleep = {WEIGHTS, KV_CACHE}
-        self.synced_version = None  # the weights are gone: the next sync must send them
-        return True
+    def _may_sleep(self) -> bool:
+        # only on the trainer's devices: on devices of its own it shares nothing
+        return bool(self.settings.free_cache_engine) and self.devices is None
 
-    def wake_up(self, tags: list[str]) -> bool:
-        """Wake the sleeping ones of ``tags`` (``weights`` before a sync, ``kv_cache`` after it);
-        whether any was asleep."""
-        todo = [t for t in (WEIGHTS, KV_CACHE) if t in tags and t in self._asleep]
-        if todo:
-            self._post("/wake_up?" + "&".join(f"tags={t}" for t in todo))
-            self._asleep -= set(todo)
-        return bool(todo)
+    def _engine_sleep(self) -> None:
+        self._post("/sleep?level=2")
+
+    def _engine_wake(self, tags: list[str]) -> None:
+        self._post("/wake_up?" + "&".join(f"tags={t}" for t in tags))
