@@ -338,10 +338,10 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
                 f"{key}.server_devices: needs at least tensor_model_parallel_size={tp} distinct device ids "
                 f">= 0, got {list(devices)}"
             )
-    if cfg.algorithm.filter_groups.prefetch:
+    if cfg.algorithm.filter_groups.prefetch and rollout.placement != "colocated":
         p.append(
-            f"{key}.name=vllm: algorithm.filter_groups.prefetch is not supported with vLLM yet; "
-            "set algorithm.filter_groups.prefetch=false"
+            f"{key}.name=vllm: algorithm.filter_groups.prefetch needs placement=colocated (the "
+            "in-process engine); set placement=colocated or prefetch=false"
         )
     return p
 

@@ -43,10 +43,12 @@ class RolloutRunner:
         gen_eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
         # with prefetch, generation runs on its own copy of the weights (refreshed before each
-        # prefetch and each validation) while the optimizer updates the model in place
+        # prefetch and each validation) while the optimizer updates the model in place; vLLM
+        # holds such a copy already
         self.model: torch.nn.Module | None = None
         if cfg.algorithm.filter_groups.prefetch:
-            self.model = copy.deepcopy(model).eval().requires_grad_(False)
+            if r.name != "vllm":
+                self.model = copy.deepcopy(model).eval().requires_grad_(False)
             if not cfg.algorithm.rollout_correction.rollout_is:
                 log(
                     "warning: algorithm.filter_groups.prefetch trains on groups one policy update stale "

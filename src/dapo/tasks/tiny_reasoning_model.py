@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2ForCausalLM
@@ -111,10 +112,20 @@ def warm_start_target(chain: Chain, rng: random.Random, clean: bool = False) -> 
     return text
 
 
-def recipe_fingerprint() -> str:
+# the same model with head size 32 (96 = 3 x 32), which vLLM's CPU attention accepts (24 it does not)
+HD32 = {"num_attention_heads": 3, "num_key_value_heads": 1}
+
+
+def model_sizes(config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {**MODEL_SIZES, **(config or {})}
+
+
+def recipe_fingerprint(config: dict[str, Any] | None = None) -> str:
     recipe = json.dumps(
         {
-            "config": tiny_config(128, 0, 2, max_position_embeddings=MAX_POSITIONS, **MODEL_SIZES).to_dict(),
+            "config": tiny_config(
+                128, 0, 2, max_position_embeddings=MAX_POSITIONS, **model_sizes(config)
+            ).to_dict(),
             "sft": [
                 SFT_STEPS,
                 SFT_BATCH,
@@ -138,6 +149,12 @@ def ensure_reasoning_model(log: Callable[[str], None] = print, force: bool = Fal
     return ensure_model(MODEL_NAME, recipe_fingerprint(), build, log, force)
 
 
+def ensure_reasoning_model_hd32(log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """The same recipe with head size 32, for vLLM on a CPU (``actor_rollout_ref.rollout.name=vllm``)."""
+    build = lambda tmp: build_reasoning_model(tmp, log=log, config=HD32)  # noqa: E731
+    return ensure_model(MODEL_NAME + "-hd32", recipe_fingerprint(HD32), build, log, force)
+
+
 def warm_start_chains(seed: int) -> list[Chain]:
     """The warm start's own chains (another seed than the task's), never a test question of the task."""
     test = {c.question for c in split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1]}
@@ -145,13 +162,22 @@ def warm_start_chains(seed: int) -> list[Chain]:
 
 
 def build_reasoning_model(
-    out_dir: Path, seed: int = 0, steps: int = SFT_STEPS, log: Callable[[str], None] = print
+    out_dir: Path,
+    seed: int = 0,
+    steps: int = SFT_STEPS,
+    log: Callable[[str], None] = print,
+    config: dict[str, Any] | None = None,
 ) -> dict:
+    """``config``: changes to the model config (``tiny_config``'s keyword arguments)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tok = build_char_tokenizer()
     config = tiny_config(
-        len(tok), tok.pad_token_id, tok.eos_token_id, max_position_embeddings=MAX_POSITIONS, **MODEL_SIZES
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        max_position_embeddings=MAX_POSITIONS,
+        **model_sizes(config),
     )
     model = Qwen2ForCausalLM(config)
     chains = warm_start_chains(seed)

@@ -168,8 +168,9 @@ class Trainer:
             get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
         )
         in_process = isinstance(self.actor, LocalActor)
-        # async: generation and the update run at the same time, so the device is not handed over
-        if cfg.async_training.mode == "sync":
+        # async and prefetch: generation and the update run at the same time, so the device is
+        # not handed over
+        if cfg.async_training.mode == "sync" and not cfg.algorithm.filter_groups.prefetch:
             self.rollout.attach_handoff(cfg, self.optimizer if in_process else None)
         self.batcher = DynamicBatcher.from_config(cfg)
         self.adv_fn = get_adv_estimator_fn(alg.adv_estimator)
