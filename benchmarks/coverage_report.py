@@ -268,8 +268,18 @@ def markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(records: Sequence[Mapping[str, Any]], arms: Sequence[str], out: Path) -> list[Path]:
-    """``coverage_acc_vs_wall.png`` and ``coverage_acc_vs_tokens.png``: every run's curve."""
+def plot(
+    records: Sequence[Mapping[str, Any]],
+    arms: Sequence[str],
+    out: Path,
+    prefix: str = "coverage",
+    labels: tuple[str, str] = (
+        "training time, s (validation excluded; offline pass included)",
+        "generated response tokens (offline pass included)",
+    ),
+) -> list[Path]:
+    """``<prefix>_acc_vs_wall.png`` and ``<prefix>_acc_vs_tokens.png``: every run's curve, the
+    x axes labelled ``labels``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,10 +287,7 @@ def plot(records: Sequence[Mapping[str, Any]], arms: Sequence[str], out: Path) -
 
     colors = dict(zip(arms, plt.get_cmap("tab10").colors))
     paths = []
-    for x, label, name in (
-        ("wall_s", "training time, s (validation excluded; offline pass included)", "wall"),
-        ("gen_tokens", "generated response tokens (offline pass included)", "tokens"),
-    ):
+    for x, label, name in (("wall_s", labels[0], "wall"), ("gen_tokens", labels[1], "tokens")):
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
         seen = set()
         for r in records:
@@ -300,7 +307,7 @@ def plot(records: Sequence[Mapping[str, Any]], arms: Sequence[str], out: Path) -
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        path = out / f"coverage_acc_vs_{name}.png"
+        path = out / f"{prefix}_acc_vs_{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)

@@ -125,3 +125,26 @@ def test_reasoning_preset_trains_on_it(tmp_path, monkeypatch):
     # one block: prompts from "dd 1)+d =" to 16 operations, none truncated
     assert m["prompt_length/max"] - m["prompt_length/min"] == len(" 2)+d" * 8 + " 10)+d" * 7)
     assert m["prompt_length/max"] <= 112
+
+
+def test_longtail_warm_start_mixes_every_length_and_never_a_task_question():
+    """The long-tail model's warm start: a quarter of its chains in long-tail blocks (every length
+    from 1 to 16 operations), the rest the reasoning model's, none a question of the task."""
+    from dapo.tasks.tiny_reasoning_model import (
+        LONGTAIL_SHARE,
+        WARM_START_CHAINS,
+        longtail_warm_start_chains,
+        warm_start_chains,
+    )
+
+    chains = longtail_warm_start_chains(0)
+    assert longtail_warm_start_chains(0) == chains  # deterministic
+    assert len(chains) == WARM_START_CHAINS and len({c.question for c in chains}) == len(chains)
+    train, test = longtail_split()
+    assert not {c.question for c in chains} & {c.question for c in train + test}
+    short = [c for c in chains if len(c.ops) in LONGTAIL_STEPS]  # the normal chains have 9 to 12
+    blocks = int(WARM_START_CHAINS * LONGTAIL_SHARE) // len(LONGTAIL_STEPS)
+    assert sorted({len(c.ops) for c in short}) == sorted(set(LONGTAIL_STEPS))
+    assert len(short) == blocks * len(LONGTAIL_STEPS)
+    normal = {c.question for c in warm_start_chains(0)}
+    assert sum(c.question in normal for c in chains) == WARM_START_CHAINS - len(short)

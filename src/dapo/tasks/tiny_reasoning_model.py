@@ -66,6 +66,8 @@ MODEL_SIZES = dict(
 )
 MAX_POSITIONS = 352
 WARM_START_CHAINS = 3000
+# the long-tail variant's share of chains of 1 to 16 operations
+LONGTAIL_SHARE = 0.25
 
 
 def step_kind(before: int, op: str, after: int) -> str:
@@ -120,7 +122,7 @@ def model_sizes(config: dict[str, Any] | None = None) -> dict[str, Any]:
     return {**MODEL_SIZES, **(config or {})}
 
 
-def recipe_fingerprint(config: dict[str, Any] | None = None) -> str:
+def recipe_fingerprint(config: dict[str, Any] | None = None, longtail: bool = False) -> str:
     recipe = json.dumps(
         {
             "config": tiny_config(
@@ -134,6 +136,7 @@ def recipe_fingerprint(config: dict[str, Any] | None = None) -> str:
                 STEP_ACCURACY,
                 RAMBLE_RATE,
                 WARM_START_CHAINS,
+                *(["longtail", LONGTAIL_SHARE] if longtail else []),
             ],
             "task": [TIER_WEIGHTS, working(make_chains(3, 0)[0])],
         },
@@ -155,10 +158,35 @@ def ensure_reasoning_model_hd32(log: Callable[[str], None] = print, force: bool 
     return ensure_model(MODEL_NAME + "-hd32", recipe_fingerprint(HD32), build, log, force)
 
 
+def ensure_longtail_model_hd32(log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """The head-32 model warm-started also on chains of 1 to 16 operations (``LONGTAIL_SHARE`` of
+    its chains), for ``data.builtin_task=reasoning_longtail`` with vLLM: the reasoning model
+    itself saw chains of 9 to 12 operations only and writes that much working whatever the chain."""
+    build = lambda tmp: build_reasoning_model(tmp, log=log, config=HD32, longtail=True)  # noqa: E731
+    return ensure_model(
+        MODEL_NAME + "-longtail-hd32", recipe_fingerprint(HD32, longtail=True), build, log, force
+    )
+
+
 def warm_start_chains(seed: int) -> list[Chain]:
     """The warm start's own chains (another seed than the task's), never a test question of the task."""
     test = {c.question for c in split_chains(TRAIN_SIZE, TEST_SIZE, SEED)[1]}
     return [c for c in make_chains(WARM_START_CHAINS, seed + 1000) if c.question not in test]
+
+
+def longtail_warm_start_chains(seed: int) -> list[Chain]:
+    """``warm_start_chains`` with ``LONGTAIL_SHARE`` of them replaced by long-tail blocks (chains
+    of 1 to 16 operations) of their own seed, none a question of the ``reasoning_longtail`` task."""
+    from dapo.tasks.reasoning import LONGTAIL_STEPS, longtail_chains, longtail_split
+
+    train, test = longtail_split()
+    task = {c.question for c in train + test}
+    normal = [c for c in warm_start_chains(seed) if c.question not in task]
+    blocks = int(WARM_START_CHAINS * LONGTAIL_SHARE) // len(LONGTAIL_STEPS)
+    tail = longtail_chains(blocks, seed + 2000, task | {c.question for c in normal})
+    mixed = normal[: WARM_START_CHAINS - len(tail)] + tail
+    random.Random(seed + 3000).shuffle(mixed)
+    return mixed
 
 
 def build_reasoning_model(
@@ -167,8 +195,10 @@ def build_reasoning_model(
     steps: int = SFT_STEPS,
     log: Callable[[str], None] = print,
     config: dict[str, Any] | None = None,
+    longtail: bool = False,
 ) -> dict:
-    """``config``: changes to the model config (``tiny_config``'s keyword arguments)."""
+    """``config``: changes to the model config (``tiny_config``'s keyword arguments);
+    ``longtail``: warm-start on :func:`longtail_warm_start_chains`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tok = build_char_tokenizer()
@@ -180,7 +210,7 @@ def build_reasoning_model(
         **model_sizes(config),
     )
     model = Qwen2ForCausalLM(config)
-    chains = warm_start_chains(seed)
+    chains = longtail_warm_start_chains(seed) if longtail else warm_start_chains(seed)
     opt, sched = sft_optimizer(model, SFT_LR, steps, warmup=20)
     model.train()
     t0 = time.time()
