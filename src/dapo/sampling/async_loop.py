@@ -11,8 +11,8 @@ The staleness of a group is the number of policy updates between its oldest toke
 update that trains it. No group is trained beyond ``max_off_policy_threshold``: at every
 version change, pooled groups and groups still decoding that can no longer make it are dropped
 (counted). ``max_off_policy_strategy`` says what generation does meanwhile: ``drop`` never pauses
-(the engine keeps decoding; new prompts stop once the pool and the groups in flight cover the
-updates the bound allows), ``wait`` pauses decoding once the pool holds that many batches and
+(the engine keeps decoding; new prompts stop once the pool and the groups in flight cover
+``max(max_off_policy_threshold, 1)`` batches), ``wait`` pauses decoding once the pool holds that many batches and
 resumes when the trainer takes one, so fewer groups expire.
 
 The round budget: ``max_num_gen_batches > 0`` bounds the prompts launched for one batch to that
@@ -97,8 +97,11 @@ class AsyncSampler:
 
     @property
     def lead_batches(self) -> int:
-        """Batches the pool may hold ahead of the trainer within the bound."""
-        return max(self.k, 1) if self.action == WAIT else self.k + 1
+        """Batches the pool and the groups launched since the latest update aim to hold ahead
+        of the trainer. The bound would let current groups in ``k + 1`` batches be trained
+        (staleness 0 to ``k``), but a group finishes an update or more after its first token,
+        so the last of them would expire before its turn: one batch is left to that latency."""
+        return max(self.k, 1)
 
     @property
     def max_in_flight(self) -> int:
