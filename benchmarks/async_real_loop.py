@@ -98,14 +98,16 @@ def run_record(run_dir: Path, arm: str, seed: int, load: Sequence[float]) -> dic
     """A finished run's figures, from its ``metrics.jsonl``."""
     rows = read_metrics(run_dir)
     steps = [r for s, r in sorted(rows.items()) if s > 0 and "timing_s/step" in r]
-    wall = tok = 0.0
+    wall = tok = aborted = 0.0
     points = []
     for s, r in sorted(rows.items()):
         if s > 0 and "timing_s/step" in r:
             wall += float(r["timing_s/step"])
             tok += float(r.get(P + "generated_response_tokens", 0.0))
+            aborted = float(r.get("async/aborted_response_tokens_total", aborted))
         if "val/acc" in r:
-            points.append({"step": s, "wall_s": wall, "gen_tokens": tok, "acc": float(r["val/acc"])})
+            point = {"step": s, "wall_s": wall, "gen_tokens": tok + aborted, "acc": float(r["val/acc"])}
+            points.append(point)
     aborted_async = max(
         (float(r.get("async/aborted_response_tokens_total", 0.0)) for r in steps), default=0.0
     )
@@ -239,6 +241,19 @@ def report(out: Path, records: Sequence[Mapping[str, Any]], args: argparse.Names
     )
 
 
+def rescan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The records of the finished runs in ``--out`` computed again from their run directories
+    (after a change to :func:`run_record`), each keeping the load it recorded."""
+    records = []
+    for path in sorted((args.out / "results").glob("*-seed*.json")):
+        old = json.loads(path.read_text())
+        rec = run_record(args.out / path.stem, old["arm"], int(old["seed"]), old["load_before_after"])
+        for d in [args.out / "results"] + ([args.records] if args.records else []):
+            (d / path.name).write_text(json.dumps(rec, indent=1) + "\n")
+        records.append(rec)
+    return records
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -250,8 +265,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--records", type=Path, help="where finished runs' records are kept and read")
     ap.add_argument("--model", type=Path, help="the model (default: the task's head-32 reasoning model)")
+    ap.add_argument("--rescan", action="store_true", help="recompute the finished runs' records and report")
     ap.add_argument("overrides", nargs="*", help="key=value for every run")
     args = ap.parse_args()
+    if args.rescan:
+        report(args.out, rescan(args), args)
+        print((args.out / "async.md").read_text())
+        return 0
     from dapo.tasks.tiny_reasoning_model import ensure_longtail_model_hd32, ensure_reasoning_model_hd32
 
     ensure = ensure_longtail_model_hd32 if args.task == "reasoning_longtail" else ensure_reasoning_model_hd32
