@@ -131,13 +131,21 @@ def test_prefetch_conflicts_are_named(overrides, says):
         ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "must be 1 on CPU"),
         ("actor_rollout_ref.rollout.dtype=int8", "actor_rollout_ref.rollout.dtype"),
         ("actor_rollout_ref.rollout.load_format=pt", "actor_rollout_ref.rollout.load_format"),
-        ("algorithm.filter_groups.prefetch=true", "set algorithm.filter_groups.prefetch=false"),
     ],
 )
 def test_vllm_rollout_keys(override, named):
     # a model of one's own: vLLM on CPU refuses the built-in models' head size (24)
     (p,) = problems("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m", override)
     assert named in p
+
+
+def test_vllm_prefetch_needs_the_in_process_engine():
+    """Prefetch runs on the in-process engine; the vLLM server has no prefetch path."""
+    keys = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m"]
+    keys.append("algorithm.filter_groups.prefetch=true")
+    (p,) = problems(*keys, "actor_rollout_ref.rollout.placement=server")
+    assert "prefetch needs placement=colocated" in p and "prefetch=false" in p
+    assert problems(*keys) == []
 
 
 def test_unknown_rollout_name():

@@ -61,18 +61,3 @@ def test_vllm_prefetched_batches_come_from_the_weights_before_the_update(
     rows = metric_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["dynamic_sampling/staleness_mean"] >= 1 for r in rows[1:])
-
-
-def test_vllm_prefetch_needs_the_in_process_engine():
-    """The vLLM server has no prefetch path: one line naming the key and the fix; colocated passes."""
-    from fixtures.config_helpers import config_problems as problems
-
-    # on cuda: the built-in model's head size (24) is refused on a CPU whatever the placement
-    keys = [
-        "actor_rollout_ref.rollout.name=vllm",
-        "algorithm.filter_groups.prefetch=true",
-        "trainer.device=cuda",
-    ]
-    (p,) = problems(*keys, "actor_rollout_ref.rollout.placement=server")
-    assert "prefetch needs placement=colocated" in p and "prefetch=false" in p
-    assert problems(*keys) == []
