@@ -41,9 +41,22 @@ class Prefetcher:
     step. With ``enabled`` false it never starts one and holds nothing."""
 
     def __init__(self, enabled: bool):
+        import torch
+
         self.enabled = enabled
+        # the worker generates with the trainer's thread count: a new thread starts at the
+        # machine's default, and vLLM's CPU attention refuses a forward pass whose thread count
+        # differs from the one its metadata was built with
+        threads = torch.get_num_threads()
         self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-prefetch") if enabled else None
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="dapo-prefetch",
+                initializer=torch.set_num_threads,
+                initargs=(threads,),
+            )
+            if enabled
+            else None
         )
         self._pending: tuple[Future, GenContext] | None = None
         self.ready: tuple[SampledStep, GenContext] | None = None
