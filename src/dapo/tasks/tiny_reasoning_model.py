@@ -51,7 +51,7 @@ from dapo.tasks.reasoning import (
     step_line,
     working,
 )
-from dapo.tasks.tiny_model import sft_tensors
+from dapo.tasks.tiny_model import HD32, sft_tensors
 
 MODEL_NAME = "tiny-reasoning"
 # probability that a warm-start line's result is right, by kind of step (noisy phase)
@@ -112,10 +112,6 @@ def warm_start_target(chain: Chain, rng: random.Random, clean: bool = False) -> 
         )
         text = f"{head}{check}Answer: {answer}"
     return text
-
-
-# the same model with head size 32 (96 = 3 x 32), which vLLM's CPU attention accepts (24 it does not)
-HD32 = {"num_attention_heads": 3, "num_key_value_heads": 1}
 
 
 def model_sizes(config: dict[str, Any] | None = None) -> dict[str, Any]:
