@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coverage_report import interpolate, plot
+from coverage_report import matched, plot
 from reasoning_runs import run_usage, train_reasoning
 
 from dapo.outputs.records import read_metrics
@@ -167,10 +167,8 @@ def summarize(records: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> dict
     at_budget: dict[tuple[str, int], dict[str, float | None]] = {}
     for seed, rs in by_seed.items():
         for x in ("wall_s", "gen_tokens"):
-            budget = min(r["curve"][-1][x] for r in rs if r["curve"])
-            for r in rs:
-                pts = [(p[x], p["acc"]) for p in r["curve"]]
-                at_budget.setdefault((r["arm"], seed), {})[x] = interpolate(pts, budget)
+            for arm, acc in matched(rs, x)["acc"].items():
+                at_budget.setdefault((arm, seed), {})[x] = acc
     out = {}
     for arm in arms:
         rs = [r for r in records if r["arm"] == arm]
