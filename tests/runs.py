@@ -234,3 +234,19 @@ def assert_each_step_once(run_dir: Path, steps: int, name: str = "metrics.jsonl"
     """Every line of ``name`` is a whole row, and the rows are of steps 1..steps, once each."""
     got = [row["step"] for row in jsonl_rows(Path(run_dir) / name)]
     assert got == list(range(1, steps + 1)), f"{name} holds steps {got}"
+
+
+def record_drift(trainer) -> list[tuple[int, int, float]]:
+    """Spy on ``trainer``'s policy updates: per update, ``(global_step, the batch's least
+    staleness, the largest gap between the recomputed old log-probs and the sampler's)``."""
+    seen: list[tuple[int, int, float]] = []
+    update = trainer.actor.update_policy
+
+    def spy(batch):
+        m = batch.tensors["response_mask"].bool()
+        drift = (batch.tensors["old_log_probs"] - batch.tensors["rollout_log_probs"])[m].abs().max()
+        seen.append((trainer.global_step, min(batch.non_tensors["staleness"].tolist()), float(drift)))
+        return update(batch)
+
+    trainer.actor.update_policy = spy
+    return seen

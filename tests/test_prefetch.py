@@ -8,7 +8,7 @@ import torch
 
 from dapo.trainer.loop import Trainer
 from fixtures.config_helpers import run_config
-from runs import metric_rows
+from runs import metric_rows, record_drift
 
 torch.set_num_threads(1)
 
@@ -42,16 +42,7 @@ def _steps(run_dir):
 
 def test_prefetched_batches_come_from_the_weights_before_the_update(tmp_path):
     t = _trainer(tmp_path / "run", 4, "actor_rollout_ref.actor.optim.lr_warmup_steps=0")
-    seen = []
-    update = t.actor.update_policy
-
-    def spy(batch):
-        m = batch.tensors["response_mask"].bool()
-        drift = (batch.tensors["old_log_probs"] - batch.tensors["rollout_log_probs"])[m].abs().max()
-        seen.append((t.global_step, min(batch.non_tensors["staleness"].tolist()), float(drift)))
-        return update(batch)
-
-    t.actor.update_policy = spy
+    seen = record_drift(t)
     t.fit()
     # step 1 is generated before any update; later steps by the weights one update back, which
     # the recomputed old log-probs (current weights) no longer match exactly

@@ -9,7 +9,7 @@ import torch
 
 from dapo.trainer.loop import Trainer
 from fixtures.config_helpers import run_config
-from runs import metric_rows, small_run_args
+from runs import metric_rows, record_drift, small_run_args
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
@@ -38,18 +38,9 @@ def test_vllm_prefetched_batches_come_from_the_weights_before_the_update(
     t = Trainer(run_config(*args[1:]), printer=lambda s: None)
     assert t.rollout.handoff is None  # generation and the update overlap: the engine never sleeps
     assert t.rollout.model is None  # vLLM holds the generating copy of the weights
-    seen = []
-    update = t.actor.update_policy
-
-    def spy(batch):
-        m = batch.tensors["response_mask"].bool()
-        # the sampler's log-probs (vLLM, the weights it generated with) against the recomputed
-        # old log-probs (the trainer, the weights now)
-        drift = (batch.tensors["old_log_probs"] - batch.tensors["rollout_log_probs"])[m].abs().max()
-        seen.append((t.global_step, min(batch.non_tensors["staleness"].tolist()), float(drift)))
-        return update(batch)
-
-    t.actor.update_policy = spy
+    # the sampler's log-probs (vLLM, the weights it generated with) against the recomputed old
+    # log-probs (the trainer, the weights now)
+    seen = record_drift(t)
     try:
         t.fit()
     finally:
