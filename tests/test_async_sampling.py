@@ -1,6 +1,7 @@
 """Dynamic sampling inside async training (``dapo.sampling.async_loop``) on the sampling layer's
-fakes: the staleness bound (drop and wait), the round budget when every group is filtered, the
-kept groups across a checkpoint, and the per-batch version figures."""
+fakes: the staleness bound (drop and wait), batches in launch order (no length bias), the round
+budget when every group is filtered, the kept groups across a checkpoint, and the per-batch
+version figures."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from dapo.batch import Batch
 from dapo.config.sampling import FilterGroupsConfig
 from dapo.sampling import DynamicBatcher, GenerationBudgetExhausted
-from dapo.sampling.async_loop import AsyncSampler, version_metrics
+from dapo.sampling.async_loop import LAUNCH_SEQ as LAUNCH
+from dapo.sampling.async_loop import AsyncSampler, launch_seq, version_metrics
 from dapo.sampling.fakes import FakeGroupEngine, FakeRollout, ListSource, bernoulli, fake_finish
 
 N, B = 4, 4
@@ -45,6 +47,11 @@ def build(
     return batcher, source, engine, a
 
 
+def close(a: AsyncSampler, engine: FakeGroupEngine) -> None:
+    a.close()
+    engine.close()
+
+
 def train(a: AsyncSampler, engine: FakeGroupEngine, steps: int) -> list:
     out = []
     for _ in range(steps):
@@ -60,15 +67,14 @@ HALF = bernoulli(lambda r: 0.5)
 
 @pytest.mark.parametrize("action", ["drop", "wait"])
 def test_async_staleness_bound_is_honoured(action):
-    # prompt 0 takes 3 policy updates to finish: beyond a bound of 1 it can never be trained. (The
-    # fake's slow group finishes by updates, not by tokens, so a fake engine full of slow groups
-    # would wait for an update forever; one slow prompt among 32 never fills it.)
+    # prompt 0 decodes for 40 engine ticks while the trainer's updates take no time at all: the
+    # trainer outruns generation, yet no batch holds a group older than the bound
     cfg = FilterGroupsConfig(enable=True, max_staleness=1)
-    batcher, _, engine, a = build(cfg, HALF, delay=lambda p: 3 if p[0] == 0 else 0, k=1, action=action)
+    batcher, _, engine, a = build(cfg, HALF, delay=lambda p: 40 if p[0] == 0 else 0, k=1, action=action)
     try:
         steps = train(a, engine, 12)  # >= 48 prompts: prompt 0 is launched by step 8
     finally:
-        a.close()
+        close(a, engine)
     trained = [s for s in steps if s.action == "train"]
     assert len(trained) == 12
     for s in trained:
@@ -82,12 +88,32 @@ def test_async_staleness_bound_is_honoured(action):
             oldest = int(versions[row][live[row]].min())
             assert int(s.batch["gen_version"][row]) == oldest
             assert int(s.batch["staleness"][row]) == s.metrics["async/policy_version"] - oldest
-        assert 0 not in [int(i) for i in s.batch["index"]]  # the slow prompt never made it
-    # the slow groups in flight were dropped once they could no longer make the bound
-    assert a.totals["dropped_in_flight"] > 0 and engine.dropped
     assert batcher.version == 12
     if action == "wait":
         assert engine.ever_held  # the pool reached its lead and decoding paused
+
+
+def test_async_batches_follow_launch_order_not_finishing_order():
+    # the length-bias check: odd prompts decode for 30 ticks, even ones finish at once. Taking
+    # whatever finished first would fill every batch with even prompts while the odd ones age
+    # past the bound; in launch order the trainer waits for them, so they are trained as often
+    cfg = FilterGroupsConfig(enable=True, max_staleness=2)
+    batcher, _, engine, a = build(cfg, HALF, delay=lambda p: 30 if p[0] % 2 else 0, k=2, action="drop")
+    try:
+        steps = train(a, engine, 10)
+        with a.cv:
+            left = [launch_seq(g) for g in batcher.pool]
+    finally:
+        close(a, engine)
+    seqs = [int(x) for s in steps for x in s.batch[LAUNCH][::N]]
+    assert len(seqs) == 10 * B
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # batch after batch, in launch order
+    # no kept group launched before the last trained one was passed over (it was trained, or
+    # filtered, or expired: never left in the pool behind a later one)
+    assert all(q > seqs[-1] for q in left)
+    slow = [int(x) % 2 for s in steps for x in s.batch["index"][::N]]
+    assert sum(slow) >= 10  # ~half of the 40 trained groups are slow ones, not none
+    assert max(s.metrics["async/staleness_max"] for s in steps) <= 2
 
 
 def test_async_wait_holds_the_pool_to_its_lead():
@@ -107,7 +133,7 @@ def test_async_wait_holds_the_pool_to_its_lead():
             # what was in flight when decoding paused can only add the groups launched for it
             assert max(seen) <= 2 * B + batcher.gen_batch_size
     finally:
-        a.close()
+        close(a, engine)
 
 
 def test_async_drop_bounds_the_groups_in_flight_when_the_engine_falls_behind():
@@ -134,7 +160,7 @@ def test_async_drop_bounds_the_groups_in_flight_when_the_engine_falls_behind():
         engine.hold(False)  # decoding resumes: the trainer gets full batches again
         steps = train(a, engine, 3)
     finally:
-        a.close()
+        close(a, engine)
     assert [s.action for s in steps] == ["train"] * 3 and all(len(s.batch) == B * N for s in steps)
 
 
@@ -145,7 +171,7 @@ def test_async_every_prompt_filtered_round_budget_answers():
     try:
         steps = train(a, engine, 3)
     finally:
-        a.close()
+        close(a, engine)
     for s in steps:
         assert s.action == "skip" and s.batch is None
         assert s.metrics["dynamic_sampling/filtered_all_wrong"] == 2 * 8  # the budget: 2 x gen_batch_size
@@ -158,7 +184,7 @@ def test_async_every_prompt_filtered_round_budget_answers():
         with pytest.raises(GenerationBudgetExhausted, match="max_num_gen_batches=1"):
             a.next_batch()
     finally:
-        a.close()
+        close(a, engine)
 
 
 def test_async_kept_groups_survive_a_checkpoint_resume():
@@ -170,20 +196,18 @@ def test_async_kept_groups_survive_a_checkpoint_resume():
             while len(batcher.pool) < 2 * B:
                 a.cv.wait(0.2)
             state = {"batcher": batcher.state_dict(), "source": source.state_dict()}
-            # the trainer takes the oldest weights' groups first, in the order they finished
-            saved = [
-                (g.version, str(g.batch["uid"][0])) for g in sorted(batcher.pool, key=lambda g: g.version)
-            ]
+            # the trainer takes the groups in the order they were launched
+            saved = [(g.version, str(g.batch["uid"][0])) for g in sorted(batcher.pool, key=launch_seq)]
             version = batcher.version
     finally:
-        a.close()
+        close(a, engine)
     assert len(saved) >= 2 * B
     # a new process: the batcher and the prompt source from the checkpoint
     batcher2, _, engine2, a2 = build(cfg, HALF, k=2, action="wait", state=state)
     try:
         first, second = train(a2, engine2, 2)
     finally:
-        a2.close()
+        close(a2, engine2)
     assert [str(u) for u in first.batch["uid"][::N]] == [u for _, u in saved[:B]]
     # one update later the saved groups still within the bound come next: none is lost
     within = [u for v, u in saved[B:] if version + 1 - v <= 2]

@@ -7,13 +7,19 @@ skip policy and kept-rate estimate, state the checkpoint already saves) and keep
 fed with new prompts. The trainer's thread takes each batch from the pool (:meth:`next_batch`)
 and, after its update, moves the policy version on (:meth:`advance`).
 
+Batches are taken in launch order: a batch is the earliest-launched ``train_batch_size`` kept
+groups, and the trainer waits while a group launched before them is still decoding. Taking
+whatever finished first would train preferentially on short responses (a group finishes when
+its longest sample does), and the long groups overtaken that way would then age past the bound
+and be dropped.
+
 The staleness of a group is the number of policy updates between its oldest token and the
 update that trains it. No group is trained beyond ``max_off_policy_threshold``: at every
 version change, pooled groups and groups still decoding that can no longer make it are dropped
 (counted). ``max_off_policy_strategy`` says what generation does meanwhile: ``drop`` never pauses
 (the engine keeps decoding; new prompts stop once the pool and the groups in flight cover
-``max(max_off_policy_threshold, 1)`` batches), ``wait`` pauses decoding once the pool holds that many batches and
-resumes when the trainer takes one, so fewer groups expire.
+``max(max_off_policy_threshold, 1)`` batches), ``wait`` pauses decoding once the pool holds that many batches ready to train (launched before
+every group still decoding) and resumes when the trainer takes one, so fewer groups expire.
 
 The round budget: ``max_num_gen_batches > 0`` bounds the prompts launched for one batch to that
 many ``data.gen_batch_size``; once they are spent and none is in flight the trainer gets what
@@ -41,6 +47,7 @@ from dapo.sampling.strategies.base import SampledStep, Sampler
 from dapo.sampling.stream import stream_refill
 
 A = "async/"
+LAUNCH_SEQ = "launch_seq"  # per row: the launch position of its group
 DROP, WAIT = "drop", "wait"
 
 
@@ -86,7 +93,9 @@ class AsyncSampler:
         self._new_step()
         self._rows: dict[str, dict] = {}  # key -> prompt row, groups in flight
         self._launch_version: dict[str, int] = {}  # key -> policy version when launched
-        self._next_key = 0
+        self._seq: dict[str, int] = {}  # key -> launch position
+        # after a resume the pooled groups keep their launch positions: new ones come after them
+        self._next_key = 1 + max((launch_seq(g) for g in sampler.pool), default=-1)
         self.error: BaseException | None = None
         self._stop = False
         self.totals = {"dropped_in_flight": 0, "expired_pooled": 0}
@@ -109,20 +118,25 @@ class AsyncSampler:
         still be trained (the current one and ``max_off_policy_threshold`` before it)."""
         return self.s.gen_batch_size * (self.k + 1)
 
+    def ready(self) -> int:
+        """Pooled groups launched before every group still decoding: the next batch is taken
+        from these, so it never depends on which groups finished first."""
+        first = min((self._seq[k] for k in self._rows), default=None)
+        return sum(1 for g in self.s.pool if first is None or launch_seq(g) < first)
+
     def next_batch(self) -> SampledStep:
-        """The next training batch: ``train_batch_size`` pooled groups, oldest version first, once there
-        are that many, or what ``on_exhausted`` says once the round budget is spent."""
+        """The next training batch: the ``train_batch_size`` earliest-launched pooled groups, once
+        no group launched before them is still decoding, or what ``on_exhausted`` says once the
+        round budget is spent."""
         s, B = self.s, self.s.train_batch_size
         t0 = time.perf_counter()
         with self.cv:
-            while len(s.pool) < B and not self._exhausted and self.error is None:
+            while self.ready() < B and not self._exhausted and self.error is None:
                 self.cv.wait(0.5)
             if self.error is not None:
                 raise self.error
             st, exhausted = self.st, None
-            # the groups of the oldest weights first (stable: then in the order they finished), so
-            # a long group that crossed syncs is trained before it expires
-            s.pool.groups.sort(key=lambda g: g.version)
+            s.pool.groups.sort(key=launch_seq)
             if len(s.pool) < B:
                 exhausted = s.exhausted(st, len(s.pool), verl=False)
             step = s.take([], exhausted, st)
@@ -171,7 +185,8 @@ class AsyncSampler:
         target = B * self.lead_batches
         have = len(s.pool)
         if self.action == WAIT:
-            self.engine.hold(have >= target)
+            # never while the trainer waits for a group still decoding
+            self.engine.hold(self.ready() >= target)
         rate = s.kept_rate if s.cfg.enable else 1.0
         # the groups launched before the latest update are the long tail, decoding on: they do not
         # hold back the prompts the next batches need (or a tail longer than the bound would
@@ -190,6 +205,7 @@ class AsyncSampler:
             self.st.skipped_prompts += skipped
             for r in rows:
                 key = f"a{self._next_key}"
+                self._seq[key] = self._next_key
                 self._next_key += 1
                 self._rows[key] = r
                 self._launch_version[key] = s.version
@@ -215,6 +231,7 @@ class AsyncSampler:
             for key in late:
                 self._rows.pop(key)
                 self._launch_version.pop(key)
+                self._seq.pop(key)
             self.st.aborted_groups += len(late)
             self.st.generated_groups += len(late)
             self.totals["dropped_in_flight"] += len(late)
@@ -242,6 +259,7 @@ class AsyncSampler:
                 with self.cv:
                     got = [g for g in got if g.key in self._rows]  # dropped meanwhile: not ours
                     rows = [self._rows[g.key] for g in got]
+                    seqs = [self._seq[g.key] for g in got]
                 if not got:
                     continue
                 b = self.finish(rows, got)  # scoring: outside the lock, off the generation thread
@@ -249,23 +267,26 @@ class AsyncSampler:
                     live = [i for i, g in enumerate(got) if self._rows.pop(g.key, None) is not None]
                     for g in got:
                         self._launch_version.pop(g.key, None)
+                        self._seq.pop(g.key, None)
                     if len(live) < len(got):  # some expired while being scored
                         n = self.s.n
                         b = b.select(np.concatenate([np.arange(i * n, (i + 1) * n) for i in live]))
                         rows = [rows[i] for i in live]
+                        seqs = [seqs[i] for i in live]
                     if rows:
-                        self._add(rows, b)
+                        self._add(rows, b, seqs)
                     self.cv.notify_all()
         except BaseException as e:
             with self.cv:
                 self.error = e
                 self.cv.notify_all()
 
-    def _add(self, rows: list[dict], b: Batch) -> None:
+    def _add(self, rows: list[dict], b: Batch, seqs: list[int]) -> None:
         s, st = self.s, self.st
         b = s.tag(rows, b, st)
         versions = b.tensors["token_versions"]
         n = s.n
+        b[LAUNCH_SEQ] = np.repeat(np.asarray(seqs, dtype=object), n)
         oldest = np.empty(len(b), dtype=object)
         for i in range(len(rows)):
             v = versions[i * n : (i + 1) * n]
@@ -323,6 +344,12 @@ class AsyncSampler:
         m[A + "expired_pooled_groups_total"] = float(self.totals["expired_pooled"])
         m.update(version_metrics(step.batch, s.n))
         return m
+
+
+def launch_seq(g: Group) -> int:
+    """Where ``g`` was launched among the async groups (-1 for a group that carries no position)."""
+    seq = g.batch.non_tensors.get(LAUNCH_SEQ)
+    return -1 if seq is None else int(seq[0])
 
 
 def version_metrics(b: Batch | None, n: int) -> dict[str, float]:

@@ -202,63 +202,91 @@ class FakeGroupStream:
 class FakeGroupEngine:
     """The generation side of :class:`~dapo.sampling.async_loop.AsyncSampler` without a model.
 
-    A group submitted at policy version ``v`` finishes once ``delay(prompt_ids)`` further
-    versions have been published (0: at once); its first half of tokens is stamped ``v``, the rest
-    with the version it finished at (:func:`fake_finish` packs it). ``hold(True)`` pauses
-    decoding: nothing finishes until it is released.
+    The engine decodes on a clock of its own, whatever the trainer does: a group takes
+    ``delay(prompt_ids)`` ticks once it is decoding (0: it finishes when submitted), and a thread
+    ticks every ``tick_s`` seconds while a group is decoding and the engine is not held
+    (``hold(True)`` pauses decoding: nothing finishes until it is released). The first half of a
+    group's tokens is stamped with the policy version it started at, the rest with the version
+    it finished at (:func:`fake_finish` packs it); :meth:`publish` sets the version.
 
     ``slots``: at most this many groups decode at once (None: all); the rest wait in a queue in
     submission order with no token yet, as requests wait in vLLM's scheduler, so
-    :meth:`oldest_versions` does not list them and their versions start when they get a slot."""
+    :meth:`oldest_versions` does not list them and their versions start when they get a slot.
+    :meth:`close` stops the clock."""
 
-    def __init__(self, delay: Callable[[list[int]], int] = lambda p: 0, slots: int | None = None) -> None:
+    def __init__(
+        self, delay: Callable[[list[int]], int] = lambda p: 0, slots: int | None = None, tick_s: float = 0.002
+    ) -> None:
         import queue
         import threading
 
         self.finished: Any = queue.Queue()
         self.delay, self.version, self.held, self.ever_held = delay, 0, False, False
-        self.slots = slots
-        self._lock = threading.Lock()
-        # key -> [prompt, start version (None while queued), updates left]
+        self.slots, self.tick_s = slots, float(tick_s)
+        self._cv = threading.Condition()
+        # key -> [prompt, start version (None while queued), ticks left]
         self._flight: dict[Any, list] = {}
         self.submitted: list[Any] = []
         self.dropped: list[Any] = []
+        self._stop = False
+        self._clock = threading.Thread(target=self._tick, name="fake-engine-clock", daemon=True)
+        self._clock.start()
 
     def submit(self, key: Any, prompt: list[int]) -> None:
-        with self._lock:
+        with self._cv:
             self._flight[key] = [list(prompt), None, int(self.delay(list(prompt)))]
             self.submitted.append(key)
             self._release()
 
     def drop(self, keys: list[Any]) -> None:
-        with self._lock:
+        with self._cv:
             for k in keys:
                 if self._flight.pop(k, None) is not None:
                     self.dropped.append(k)
             self._release()
 
     def oldest_versions(self) -> dict[Any, int]:
-        with self._lock:
+        with self._cv:
             return {k: f[1] for k, f in self._flight.items() if f[1] is not None}
 
     def queued(self) -> int:
         """Groups submitted and waiting for a slot."""
-        with self._lock:
+        with self._cv:
             return sum(1 for f in self._flight.values() if f[1] is None)
 
     def hold(self, on: bool) -> None:
-        with self._lock:
+        with self._cv:
             self.held = on
             self.ever_held |= on
             self._release()
 
     def publish(self, version: int) -> None:
-        with self._lock:
+        with self._cv:
             self.version = int(version)
-            for f in self._flight.values():
-                if f[1] is not None:
-                    f[2] -= 1
-            self._release()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._clock.join(timeout=10)
+
+    def _tick(self) -> None:
+        import time
+
+        with self._cv:
+            while not self._stop:
+                if self.held or not any(f[1] is not None for f in self._flight.values()):
+                    self._cv.wait()  # idle until something is submitted or released
+                    continue
+                due = time.monotonic() + self.tick_s
+                while not self._stop and (left := due - time.monotonic()) > 0:
+                    self._cv.wait(left)
+                if self._stop or self.held:
+                    continue
+                for f in self._flight.values():
+                    if f[1] is not None:
+                        f[2] -= 1
+                self._release()
 
     def _release(self) -> None:
         running = sum(1 for f in self._flight.values() if f[1] is not None)
@@ -266,6 +294,7 @@ class FakeGroupEngine:
             if f[1] is None and (self.slots is None or running < self.slots):
                 f[1] = self.version
                 running += 1
+        self._cv.notify_all()  # the clock: something may be decoding now
         if self.held:
             return
         done = [k for k, f in self._flight.items() if f[1] is not None and f[2] <= 0]
