@@ -3,9 +3,13 @@ its failure surfaces. (Exact resume with prefetch: tests/test_resume_exact.py.)"
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
+from dapo.sampling.prefetch import Prefetcher
+from dapo.sampling.strategies.base import SampledStep
 from dapo.trainer.loop import Trainer
 from fixtures.config_helpers import run_config
 from runs import metric_rows, record_drift
@@ -72,3 +76,49 @@ def test_a_failed_prefetch_stops_before_saving_that_step(tmp_path):
     assert (run / "global_step_1").exists()
     assert not (run / "global_step_2").exists()  # ... but not saved
     assert (run / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+def test_a_cancelled_prefetch_stops_before_its_next_round():
+    # an update that fails (or a second Ctrl-C) cancels the next step's generation: the round on
+    # the engine finishes, no further round starts, and nothing of it is kept
+    p = Prefetcher(True)
+    on_engine, release = threading.Event(), threading.Event()
+    rounds = []
+
+    def one_round():
+        rounds.append(len(rounds))
+        on_engine.set()
+        release.wait()
+
+    def generate(ctx):
+        guarded = p.guard(one_round)
+        for _ in range(50):  # a batch that needs many rounds
+            guarded()
+        return SampledStep(None, "skip")
+
+    p.start(generate)
+    on_engine.wait()
+    p.cancel()
+    release.set()
+    p.shutdown()  # returns once the worker has stopped
+    assert rounds == [0]
+    p.wait()
+    assert p.take() is None and p.error is None
+
+
+def test_an_interrupted_update_does_not_wait_for_the_prefetch(tmp_path):
+    t = _trainer(tmp_path / "run", 3)
+    update = t.actor.update_policy
+
+    def interrupting_update(batch):
+        if t.global_step == 2:  # Ctrl-C twice while step 3's batch is being generated
+            raise KeyboardInterrupt
+        return update(batch)
+
+    t.actor.update_policy = interrupting_update
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    t.prefetcher.shutdown()
+    # the step gave up its prefetch instead of waiting for it (which would have kept its batch)
+    assert t.prefetcher.take() is None and t.prefetcher.error is None
+    assert [r["step"] for r in _steps(tmp_path / "run")] == [1]

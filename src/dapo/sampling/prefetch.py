@@ -5,11 +5,13 @@ One worker thread; the batch started during step ``t`` is what step ``t + 1`` tr
 generation accumulates its own :class:`GenContext`, so its phase times and round metrics are
 reported with the step that trains on it, not the one that was training meanwhile. The
 caller gives the thread its own copy of the weights (the optimizer updates the model in place
-while it generates).
+while it generates). A step that fails or is interrupted does not wait for the generation: it
+is cancelled and stops before its next round.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +38,10 @@ class GenContext:
         self.round_metrics[key] = self.round_metrics.get(key, 0.0) + float(value)
 
 
+class PrefetchCancelled(Exception):
+    """Raised inside a cancelled background generation at its next round."""
+
+
 class Prefetcher:
     """At most one background generation in flight; its result (or its error) is kept for the next
     step. With ``enabled`` false it never starts one and holds nothing."""
@@ -59,6 +65,7 @@ class Prefetcher:
             else None
         )
         self._pending: tuple[Future, GenContext] | None = None
+        self._cancel = threading.Event()
         self.ready: tuple[SampledStep, GenContext] | None = None
         self.error: BaseException | None = None
 
@@ -72,8 +79,25 @@ class Prefetcher:
         if self._executor is None:
             return False
         ctx = GenContext()
+        self._cancel.clear()
         self._pending = (self._executor.submit(generate, ctx), ctx)
         return True
+
+    def guard(self, round_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``round_fn`` that refuses to start once the generation is cancelled."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self._cancel.is_set():
+                raise PrefetchCancelled("the step that started this generation failed or was interrupted")
+            return round_fn(*args, **kwargs)
+
+        return guarded
+
+    def cancel(self) -> None:
+        """Give up the generation in flight without waiting: it stops before its next round (a
+        round already on the engine runs to its end) and nothing of it is kept."""
+        self._cancel.set()
+        self._pending = None
 
     def wait(self) -> None:
         """Wait for the generation in flight (if any) and keep its batch, or its error in ``error``."""

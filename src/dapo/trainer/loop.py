@@ -304,12 +304,17 @@ class Trainer:
                 if self.async_run is not None:
                     self.async_run.after_update(self.model)
                 self.updates += 1
-            finally:
-                # the step ends when its prefetch does: validation, checkpoints and dumps then see
-                # a quiet trainer, and the step's time includes any generation the update did not hide
+            except BaseException:
+                # an error, or Ctrl-C twice: the next step's generation stops at its next round
+                # instead of this one waiting for it
                 if prefetching:
-                    with self.timer("wait_prefetch"):
-                        self.prefetcher.wait()
+                    self.prefetcher.cancel()
+                raise
+            # the step ends when its prefetch does: validation, checkpoints and dumps then see a
+            # quiet trainer, and the step's time includes any generation the update did not hide
+            if prefetching:
+                with self.timer("wait_prefetch"):
+                    self.prefetcher.wait()
             check_nonfinite(self.actor.consecutive_nonfinite, self.global_step, self.run_dir)
             if self.cfg.trainer.rollout_data_dir:
                 with self.timer("dump_rollout_generations"):
@@ -357,10 +362,10 @@ class Trainer:
         """Generate the next step's batch in the background, on the weights before this update."""
         if not self.prefetcher.enabled or self.global_step >= self.total_training_steps:
             return False
-        self.rollout.sync_weights()
+        self.rollout.sync_weights(self.timer)
         return self.prefetcher.start(
             lambda ctx: self.batcher.next_batch(
-                self.sampler, partial(self.round, ctx=ctx), progress.on_round, lag=1
+                self.sampler, self.prefetcher.guard(partial(self.round, ctx=ctx)), progress.on_round, lag=1
             )
         )
 
