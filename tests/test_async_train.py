@@ -53,9 +53,25 @@ def test_async_config_defaults_and_refusals():
         5,
         "wait",
     )
+    server = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=server"]
+    assert build_config(["async_training.mode=separate_async", *server]).cfg.async_training.mode == (
+        "separate_async"
+    )
     for bad, says in (
         (["async_training.mode=colocate_async"], "rollout.name=vllm"),
-        (["async_training.mode=separate_async"], "not available yet"),
+        (["async_training.mode=separate_async"], "rollout.name=vllm with placement=server"),
+        (
+            ["async_training.mode=separate_async", "actor_rollout_ref.rollout.name=vllm"],
+            "needs actor_rollout_ref.rollout.placement=server, got 'colocated'",
+        ),
+        (
+            [
+                "async_training.mode=colocate_async",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.placement=server",
+            ],
+            "use async_training.mode=separate_async",
+        ),
         (["async_training.max_off_policy_strategy=later"], "drop or wait"),
         (
             [

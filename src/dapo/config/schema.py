@@ -554,7 +554,8 @@ class TrainerConfig:
 class AsyncTrainingConfig:
     # sync: generate, then update; colocate_async: generation runs on its own thread and engine
     # (in-process vLLM) and never waits for the update, weights reach it between two engine steps;
-    # separate_async (generation in its own process or devices) is not available yet
+    # separate_async: the same with vLLM as a server process (rollout.placement=server, on devices
+    # of its own with rollout.server_devices), its samples streamed back and kept across syncs
     mode: str = "sync"
     # a group is trained at most this many policy updates after its oldest token was generated
     max_off_policy_threshold: int = 2

@@ -350,8 +350,8 @@ ASYNC_MODES = ("sync", "colocate_async", "separate_async")
 
 
 def _async_problems(cfg: Any) -> list[str]:
-    """``async_training``: what the async loop supports (in-process vLLM, one actor rank,
-    nothing that needs the actor while generating)."""
+    """``async_training``: what the async loop supports (vLLM in process for colocate_async, as a
+    server for separate_async; one actor rank; nothing that needs the actor while generating)."""
     at, key = cfg.async_training, "async_training"
     if at.mode not in ASYNC_MODES:
         return [f"{key}.mode: must be one of {', '.join(ASYNC_MODES)}, got {at.mode!r}"]
@@ -363,14 +363,18 @@ def _async_problems(cfg: Any) -> list[str]:
         p.append(f"{key}.max_off_policy_strategy: must be drop or wait, got {at.max_off_policy_strategy!r}")
     if at.mode == "sync":
         return p
-    if at.mode == "separate_async":
-        return p + [f"{key}.mode=separate_async is not available yet; use colocate_async"]
     r, alg, fg = cfg.actor_rollout_ref.rollout, cfg.algorithm, cfg.algorithm.filter_groups
+    # colocate_async steps the in-process engine; separate_async streams from the server process
+    want, other = (
+        ("server", "colocate_async") if at.mode == "separate_async" else ("colocated", "separate_async")
+    )
+    if r.name == "vllm" and r.placement in ("colocated", "server") and r.placement != want:
+        p.append(
+            f"{key}.mode={at.mode} needs actor_rollout_ref.rollout.placement={want}, got "
+            f"{r.placement!r}; set placement={want}, or use {key}.mode={other}"
+        )
     why = [
-        (
-            r.name != "vllm" or r.placement != "colocated",
-            "actor_rollout_ref.rollout.name=vllm with placement=colocated",
-        ),
+        (r.name != "vllm", f"actor_rollout_ref.rollout.name=vllm with placement={want}"),
         (r.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable=false"),
         (
             alg.use_kl_in_reward,

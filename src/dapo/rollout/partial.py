@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,19 +51,17 @@ class FinishedGroup:
     samples: list[Sample]
 
 
-class PartialRollout:
-    """Groups of ``params.n`` samples stepped on a :class:`VllmRollout`'s engine, kept across
-    weight syncs (``partial=True``) or aborted at them (``partial=False``)."""
+class GroupsInFlight(ABC):
+    """What :class:`EngineWorker` drives, in process (:class:`PartialRollout`) or on the server's
+    streams (:class:`dapo.rollout.server_partial.ServerPartialRollout`). Both keep the groups in
+    flight, submit, resume or restart suspended samples and sync the weights the same way; each
+    engine has its own requests (``_add``: one per sample), steps, suspension and drops."""
 
-    def __init__(self, rollout: VllmRollout, params: SamplingParams, version: int = 0, partial: bool = True):
-        from vllm.sampling_params import RequestOutputKind
+    rollout: Any  # the engine's weights go through its ``load_weights``
 
-        self.rollout, self.params, self.version, self.partial = rollout, params, int(version), partial
-        self._kind = RequestOutputKind.DELTA
-        self._engine = rollout.llm.llm_engine
+    def __init__(self, params: SamplingParams, version: int, partial: bool) -> None:
+        self.params, self.version, self.partial = params, int(version), partial
         self._groups: dict[Any, tuple[list[int], list[Sample]]] = {}
-        self._by_rid: dict[str, tuple[Any, Sample]] = {}
-        self._next = 0
         self.resumed = 0  # samples resubmitted after a sync with tokens so far
         self.aborted_tokens = 0  # tokens of samples thrown away (partial=False, or dropped groups)
 
@@ -74,8 +73,8 @@ class PartialRollout:
     def oldest_versions(self) -> dict[Any, int]:
         """Per group in flight, the oldest policy version among its tokens (the current version
         for a group with no token yet)."""
-        # a snapshot: the generation thread's step() pops finished groups while the trainer's
-        # thread reads this (list() of a dict's items runs under the GIL in one go)
+        # a snapshot: the generation thread pops finished groups while the trainer's thread
+        # reads this (list() of a dict's items runs under the GIL in one go)
         return {
             k: min((s.versions[0] for s in samples if s.versions), default=self.version)
             for k, (_, samples) in list(self._groups.items())
@@ -87,6 +86,74 @@ class PartialRollout:
         self._groups[key] = (list(prompt), samples)
         for s in samples:
             self._add(key, s)
+
+    @property
+    @abstractmethod
+    def busy(self) -> bool:
+        """Requests are running, or finished ones wait to be handed back by :meth:`step`."""
+
+    @abstractmethod
+    def _add(self, key: Any, s: Sample) -> None:
+        """Send ``s`` (its prompt and tokens so far) as a request of group ``key``."""
+
+    @abstractmethod
+    def step(self) -> list[FinishedGroup]:
+        """Advance the requests; the groups whose every sample has finished."""
+
+    @abstractmethod
+    def suspend(self) -> list[tuple[Any, Sample]]:
+        """Stop every request, keeping its tokens; the unfinished samples, for :meth:`resume`."""
+
+    @abstractmethod
+    def drop(self, keys: list[Any]) -> None:
+        """Abort these groups for good (their tokens counted in ``aborted_tokens``)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def resume(self, held: list[tuple[Any, Sample]]) -> None:
+        for key, s in held:
+            if key in self._groups:
+                if s.tokens:
+                    self.resumed += 1
+                self._add(key, s)
+
+    def sync(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Load ``weights`` (policy version ``version``) with no request of ours running. With
+        ``partial`` the samples in flight continue under them from their tokens so far; without,
+        their groups start again from the prompt."""
+        held = self.suspend()
+        self.rollout.load_weights(weights)
+        self.version = int(version)
+        if not self.partial:
+            self.restart(held)
+        self.resume(held)
+
+    def restart(self, held: list[tuple[Any, Sample]]) -> None:
+        """Throw away the tokens of suspended samples (counted): they start again from the prompt."""
+        for _, s in held:
+            self.aborted_tokens += len(s.tokens)
+            s.tokens, s.log_probs, s.versions = [], [], []
+
+
+class PartialRollout(GroupsInFlight):
+    """Groups of ``params.n`` samples stepped on a :class:`VllmRollout`'s engine, kept across
+    weight syncs (``partial=True``) or aborted at them (``partial=False``)."""
+
+    def __init__(self, rollout: VllmRollout, params: SamplingParams, version: int = 0, partial: bool = True):
+        from vllm.sampling_params import RequestOutputKind
+
+        super().__init__(params, version, partial)
+        self.rollout = rollout
+        self._kind = RequestOutputKind.DELTA
+        self._engine = rollout.llm.llm_engine
+        self._by_rid: dict[str, tuple[Any, Sample]] = {}
+        self._next = 0
+
+    @property
+    def busy(self) -> bool:
+        """Requests are running (what :class:`EngineWorker` steps for)."""
+        return bool(self._by_rid)
 
     def _add(self, key: Any, s: Sample) -> None:
         from vllm import SamplingParams as VllmSamplingParams
@@ -139,30 +206,6 @@ class PartialRollout:
         for _, s in held:
             s.rid = None
         return held
-
-    def resume(self, held: list[tuple[Any, Sample]]) -> None:
-        for key, s in held:
-            if key in self._groups:
-                if s.tokens:
-                    self.resumed += 1
-                self._add(key, s)
-
-    def sync(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Load ``weights`` (policy version ``version``) between two engine steps. With
-        ``partial`` the samples in flight continue under them from their tokens so far; without,
-        their groups start again from the prompt."""
-        held = self.suspend()
-        self.rollout.load_weights(weights)
-        self.version = int(version)
-        if not self.partial:
-            self.restart(held)
-        self.resume(held)
-
-    def restart(self, held: list[tuple[Any, Sample]]) -> None:
-        """Throw away the tokens of suspended samples (counted): they start again from the prompt."""
-        for _, s in held:
-            self.aborted_tokens += len(s.tokens)
-            s.tokens, s.log_probs, s.versions = [], [], []
 
     def drop(self, keys: list[Any]) -> None:
         """Abort these groups for good (their tokens counted in ``aborted_tokens``)."""
@@ -221,7 +264,7 @@ class EngineWorker:
     (:meth:`submit`, :meth:`publish`, :meth:`drop`) and :meth:`idle` blocks until the engine has
     no request running (validation generates on the same engine meanwhile)."""
 
-    def __init__(self, engine: PartialRollout):
+    def __init__(self, engine: GroupsInFlight):
         self.engine = engine
         self.finished: queue.Queue[FinishedGroup | BaseException] = queue.Queue()
         self._cv = threading.Condition()
@@ -331,7 +374,7 @@ class EngineWorker:
             return True
         if self._paused:
             return not holding or (self._idle and not self._idle_ack)
-        return holding or bool(self._submits) or bool(self.engine._by_rid)
+        return holding or bool(self._submits) or self.engine.busy
 
     def close(self) -> None:
         with self._cv:

@@ -310,10 +310,20 @@ class VllmServerRollout(VllmEngineBase):
 
         return await asyncio.gather(*(one(b) for b in bodies))
 
+    def abort_all(self) -> int:
+        """Abort every request the server runs (vLLM's development endpoint ``/abort_requests``,
+        where an empty list means all); how many. The async loop's weight sync needs the server
+        idle, and the server is the run's own."""
+        return int((self._post("/abort_requests", {"request_ids": []}) or {}).get("aborted", 0))
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Stream the actor's tensors to every worker (no copy, no file), then drop the prefix
         cache; any failure, a refused reset included, raises :class:`WeightSyncError`."""
-        weights = state_dict_for_vllm(model)
+        self.load_weights(state_dict_for_vllm(model))
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
+        generation thread sends a snapshot while the update writes the live weights)."""
         sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
             self.wake_up([WEIGHTS])

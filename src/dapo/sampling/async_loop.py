@@ -1,4 +1,4 @@
-"""Dynamic sampling inside async training (``async_training.mode=colocate_async``).
+"""Dynamic sampling inside async training (``async_training.mode=colocate_async | separate_async``).
 
 Three threads share the work. The generation thread (the rollout side's engine worker) only
 decodes. This module's scoring thread takes finished groups from it, scores them (so the engine

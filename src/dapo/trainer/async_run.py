@@ -1,5 +1,6 @@
-"""The trainer's side of ``async_training.mode=colocate_async``: the generation thread on the
-in-process vLLM engine (:mod:`dapo.rollout.partial`), the scoring thread that does dynamic
+"""The trainer's side of async training: the generation thread on the in-process vLLM engine
+(``colocate_async``, :mod:`dapo.rollout.partial`) or on the vLLM server's streams
+(``separate_async``, :mod:`dapo.rollout.server_partial`), the scoring thread that does dynamic
 sampling (:mod:`dapo.sampling.async_loop`), and the three moments the loop talks to them:
 taking a batch, publishing the weights after an update, and pausing generation while a
 validation or a checkpoint needs the engine or the batcher's state."""
@@ -14,13 +15,28 @@ from typing import Any
 import torch
 
 from dapo.batch import Batch
+from dapo.rollout.hf import SamplingParams
 from dapo.rollout.partial import EngineWorker, PartialRollout, pack_group
 from dapo.rollout.rounds import GenerationRound
 from dapo.rollout.runner import RolloutRunner, weights_version
+from dapo.rollout.server_partial import ServerPartialRollout
 from dapo.rollout.vllm_rollout import state_dict_for_vllm
+from dapo.rollout.vllm_server import VllmServerRollout
 from dapo.sampling import DynamicBatcher, SampledStep
 from dapo.sampling.async_loop import AsyncSampler
 from dapo.sampling.prefetch import GenContext
+
+
+def partial_engine(at: Any, engine: Any, params: SamplingParams, version: int) -> Any:
+    """The engine the generation thread drives for ``async_training`` (``at``): requests stepped
+    on the in-process engine, or streamed from the server (separate_async)."""
+    if at.mode == "separate_async":
+        if not isinstance(engine, VllmServerRollout):
+            raise ValueError(
+                "async_training.mode=separate_async needs actor_rollout_ref.rollout.placement=server"
+            )
+        return ServerPartialRollout(engine, params, version=version, partial=at.partial_rollout)
+    return PartialRollout(engine, params, version=version, partial=at.partial_rollout)
 
 
 class AsyncRun:
@@ -32,8 +48,7 @@ class AsyncRun:
         rollout.sync_weights()  # a resumed run's weights reach the engine before anything is generated
         params = rollout.sampling_params()
         self.response_length, self.prompt_width = params.response_length, rollout.prompt_width
-        engine = PartialRollout(rollout.engine, params, version=batcher.version, partial=at.partial_rollout)
-        self.worker = EngineWorker(engine)
+        self.worker = EngineWorker(partial_engine(at, rollout.engine, params, batcher.version))
         self.ctx = GenContext()
         # the reward manager's worker pool serves one caller at a time: the scoring thread, or
         # the trainer's validation

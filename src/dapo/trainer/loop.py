@@ -126,7 +126,7 @@ class Trainer:
         self.timer = Timer()
         # algorithm.filter_groups.prefetch: the next step's batch, generated while this step trains
         self.prefetcher = Prefetcher(bool(cfg.algorithm.filter_groups.prefetch))
-        # async_training.mode=colocate_async: generation and scoring threads, started with the loop
+        # async_training.mode=colocate_async or separate_async: generation and scoring threads, started with the loop
         self.async_run: AsyncRun | None = None
         self.stopped, self.stopped_by = False, None
         # validation before training and the latest one: a checkpoint keeps them for the summary
