@@ -2,7 +2,8 @@
 (the trainer's peak memory measured, no file in /dev/shm for the server), every prompt of a
 batch in flight at the server at once, and a prefix-cache reset that vLLM refuses being fatal.
 
-One in-process engine and one server on an ~76 MB random model serve the module."""
+One in-process engine and one server on an ~76 MB random model serve the module; the tied
+embedding's in-place sync has an engine of its own on a ~38 MB model that is mostly that table."""
 
 from __future__ import annotations
 
@@ -91,9 +92,9 @@ def _sync_and_check(engine, model_dir) -> list[float]:
 def test_gpu_path_colocated_streamed_sync_memory(colocated, model_dir):
     """In process, vLLM's loader reads the model's own tensors one at a time: no copy of the
     weights is made (one would raise the peak by at least the model's size). What a sync does
-    add is vLLM's own layer-wise reload on CPU (each layer rebuilt, then repacked for oneDNN),
-    measured here between 0.001x and 0.26x of the model depending on what the allocator had
-    free; on a GPU that memory is the device's, not the trainer's."""
+    add is vLLM's own layer-wise reload of the decoder layers on CPU (each layer rebuilt, then
+    repacked for oneDNN), measured here between 0.001x and 0.26x of the model depending on what
+    the allocator had free; on a GPU that memory is the device's, not the trainer's."""
     ratios = _sync_and_check(colocated, model_dir)
     assert max(ratios) < 0.5, ratios
 
@@ -111,6 +112,24 @@ def test_gpu_path_colocated_failed_prefix_reset_is_fatal(colocated, model_dir):
             colocated.update_weights(_moved(model_dir, 3))
     finally:
         stream.close()
+
+
+# after the tests that use the module's in-process engine: shutting a second in-process engine
+# down tears down vLLM's process-wide parallel state, which the first one still needs
+def test_gpu_path_colocated_sync_writes_tied_embedding_in_place(tmp_path_factory):
+    """A model that is 88% its tied embedding: vLLM's own reload rebuilt the table beside the
+    old one and packed it for oneDNN beside the old pack, for the embedding and again for the
+    tied output layer (1.75x-1.84x the model, measured); written in place with the old packs
+    released first, a sync raises the trainer's peak by less than a quarter of the model, and
+    the input embedding and the tied output layer both compute with the new weights (the
+    log-probs of the moved model; a stale output-layer pack is off by more than 1)."""
+    model_dir = save_random_model(tmp_path_factory.mktemp("tied_table"), "tied-table")
+    engine = VllmRollout(str(model_dir), [EOS], PAD, _settings(), seed=1)
+    try:
+        ratios = _sync_and_check(engine, model_dir)
+    finally:
+        engine.shutdown()
+    assert max(ratios) < 0.25, ratios
 
 
 def _server_requests(server) -> float:

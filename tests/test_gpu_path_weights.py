@@ -105,7 +105,7 @@ class _Worker(WeightReceiver):
         self.got: dict[str, torch.Tensor] = {}
         self.fail = fail
 
-    def reload_weights(self, weights_iterator) -> None:
+    def dapo_reload_weights(self, weights_iterator) -> None:
         for name, t in weights_iterator:
             self.got[name] = t
         if self.fail:

@@ -18,7 +18,8 @@ brings them back in stages; :mod:`dapo.rollout.handoff` orders them around the a
 
 Weights: the engine loads the model directory once; after each optimizer step
 :meth:`update_weights` streams the actor's tensors into the running engine (vLLM's
-``reload_weights`` on every worker) and drops the prefix cache, whose blocks were computed with
+``reload_weights`` on every worker, with the embedding tables written in place:
+:mod:`dapo.rollout.vllm_reload`) and drops the prefix cache, whose blocks were computed with
 the old weights. A failed reload leaves vLLM's weights half-written, and a prefix cache that
 vLLM refuses to drop would serve the old weights' blocks: both raise :class:`WeightSyncError`
 and the caller stops the run.
@@ -500,7 +501,8 @@ class VllmRollout(VllmEngineBase):
         self.wake_up([WEIGHTS])
         try:
             if self.settings.tensor_model_parallel_size == 1:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+                stream = {"weights_iterator": iter(weights.items())}
+                self.llm.collective_rpc("dapo_reload_weights", kwargs=stream)
             else:
                 from dapo.rollout.vllm_weight_stream import WeightSender
 

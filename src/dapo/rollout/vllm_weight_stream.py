@@ -8,7 +8,8 @@ RPC, to connect and pull (:class:`WeightReceiver`, vLLM's ``worker_extension_cls
 worker receives every tensor and vLLM's own loaders keep that worker's tensor-parallel slice,
 so no worker ever holds a second model. A tensor is written from the trainer's memory as it is
 (no copy, no file); a worker holds at most the tensors of one layer, which vLLM's layer-wise
-reload buffers until the layer is complete.
+reload buffers until the layer is complete, and the embedding tables, which are written in place
+once the stream has ended (:mod:`dapo.rollout.vllm_reload`).
 
 Frames: a 4-byte big-endian length, a JSON header (``name``, ``dtype``, ``shape``; ``end`` on
 the last frame), then the tensor's raw bytes. A connection first presents a random token, so
@@ -168,14 +169,22 @@ class WeightSender:
 
 
 class WeightReceiver:
-    """Mixed into vLLM's worker (``worker_extension_cls``): ``dapo_receive_weights`` connects
-    to the trainer, feeds the stream to vLLM's in-place reload and acknowledges."""
+    """Mixed into vLLM's worker (``worker_extension_cls``): ``dapo_reload_weights`` loads an
+    iterator of weights (the in-process engine's call), ``dapo_receive_weights`` connects to the
+    trainer, feeds the stream to it and acknowledges."""
+
+    def dapo_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """vLLM's in-place reload, with the embedding tables written in place
+        (:mod:`dapo.rollout.vllm_reload`)."""
+        from dapo.rollout.vllm_reload import reload_with_tables_in_place
+
+        reload_with_tables_in_place(self, weights_iterator)
 
     def dapo_receive_weights(self, host: str, port: str, token: str) -> None:
         with socket.create_connection((host, int(port)), timeout=600) as sock:
             sock.sendall(token.encode())
             try:
-                self.reload_weights(weights_iterator=receive(sock))  # type: ignore[attr-defined]
+                self.dapo_reload_weights(receive(sock))
             except BaseException as e:
                 sock.sendall(f"{type(e).__name__}: {e}"[:4000].encode() or b"error")
                 raise

@@ -1,0 +1,172 @@
+"""A weight reload on a vLLM worker that writes the token-embedding tables in place.
+
+vLLM's ``reload_weights`` rebuilds every layer it reloads: it allocates the layer's tensors
+afresh, loads them, runs the layer's post-processing and copies the result into the old
+storage. For a decoder layer that is a few MiB; for the token embedding (and the output layer
+tied to it) it is a second copy of the largest tensor in the model, and the CPU build's
+post-processing then packs it for oneDNN while the previous pack is still alive: about twice
+the embedding at the peak, which, with the in-process engine, is the trainer's memory.
+
+Here the tables (unquantized ``VocabParallelEmbedding`` layers, the output layer among them)
+are kept out of that reload. Their tensors are set aside as the stream passes, the rest goes
+to vLLM's reload, and then the tables are written in place through vLLM's own
+``load_weights`` (which loads a tied output layer once, through the embedding) after their
+oneDNN packs are released; their post-processing (``process_weights_after_loading``) then
+packs them again from the new weights. The tables' new weights thus cost nothing beyond the
+stream's own tensors, and at most one pack is rebuilt at a time. Between the other modules the
+heap's free pages go back to the system (:func:`trim_heap`), so what is left is vLLM's copy of
+one layer and its new pack.
+
+Loaded inside vLLM's worker processes (``dapo.rollout.vllm_weight_stream.WeightReceiver``);
+vLLM is imported only when a worker reloads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+# vLLM's loggers that report, during a reload, the tables loaded here as not loaded
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+
+
+def embedding_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The unquantized token-embedding layers (input embedding, output layer) by qualified name;
+    a tied pair appears under both names."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    return {
+        name: m
+        for name, m in model.named_modules(remove_duplicate=False)
+        if isinstance(m, VocabParallelEmbedding)
+        and isinstance(getattr(m, "quant_method", None), UnquantizedEmbeddingMethod)
+        and not m.weight.is_meta
+    }
+
+
+def table_weight_names(tables: dict[str, torch.nn.Module]) -> set[str]:
+    """The tables' parameters under vLLM's names."""
+    return {f"{prefix}.{p}" for prefix, m in tables.items() for p, _ in m.named_parameters(recurse=False)}
+
+
+def is_table_weight(model: torch.nn.Module, name: str, table_names: set[str]) -> bool:
+    """Whether the checkpoint weight ``name`` is one of the tables' (directly, or through the
+    model's checkpoint-name mapping)."""
+    if name in table_names:
+        return True
+    map_name = getattr(getattr(model, "hf_to_vllm_mapper", None), "map_name", None)
+    return map_name is not None and map_name(name) in table_names
+
+
+class _HideTablesNotLoaded(logging.Filter):
+    """Drops vLLM's "not loaded" warnings when they name only the tables this module loads."""
+
+    def __init__(self, class_names: set[str], weight_names: set[str]):
+        super().__init__()
+        self.class_names, self.weight_names = class_names, weight_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not args or record.levelno != logging.WARNING:
+            return True
+        first = args[0]
+        if isinstance(first, str) and "Failed to load weights" in str(record.msg):
+            return first not in self.class_names
+        if isinstance(first, set) and "were not loaded" in str(record.msg):
+            return not first <= self.weight_names
+        return True
+
+
+@contextmanager
+def tables_left_out_quietly(tables: dict[str, torch.nn.Module], weight_names: set[str]) -> Iterator[None]:
+    """vLLM's reload without its warnings about the tables it was not given."""
+    f = _HideTablesNotLoaded({type(m).__name__ for m in tables.values()}, weight_names)
+    loggers = [logging.getLogger(n) for n in _RELOAD_LOGGERS]
+    for log in loggers:
+        log.addFilter(f)
+    try:
+        yield
+    finally:
+        for log in loggers:
+            log.removeFilter(f)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; other C libraries have none
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the system. Without it glibc keeps the layer copies
+    vLLM's reload frees (its mmap threshold rises as large blocks are freed, so later ones come
+    from the heap) and the first syncs grew the trainer's peak by up to a quarter of the model."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def release_packs(tables: dict[str, torch.nn.Module]) -> None:
+    """Drop the CPU build's packed copies of the tables (held by their ``cpu_linear``), before the
+    new ones are made, so that old and new never coexist."""
+    for m in {id(m): m for m in tables.values()}.values():
+        if "cpu_linear" in vars(m):
+            del m.cpu_linear
+
+
+@torch.no_grad()
+def load_tables_in_place(
+    model: torch.nn.Module, tables: dict[str, torch.nn.Module], weights: list[tuple[str, torch.Tensor]]
+) -> None:
+    """Write ``weights`` (the tables' checkpoint tensors) into the tables' own storage, then run
+    each table's post-processing, as vLLM does after loading."""
+    release_packs(tables)
+    model.load_weights(weights)
+    for m in {id(m): m for m in tables.values()}.values():
+        m.quant_method.process_weights_after_loading(m)
+
+
+def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """``worker.reload_weights(weights_iterator=weights)``, with the tables written in place (an
+    unquantized model; a quantized one is reloaded by vLLM alone)."""
+    from vllm.config import set_current_vllm_config
+
+    model = worker.get_model()
+    quantized = worker.vllm_config.model_config.quantization is not None
+    tables = {} if quantized else embedding_tables(model)
+    if not tables:
+        worker.reload_weights(weights_iterator=weights)
+        return
+    names = table_weight_names(tables)
+    held: list[tuple[str, torch.Tensor]] = []
+
+    def others() -> Iterator[tuple[str, torch.Tensor]]:
+        module = None
+        for name, t in weights:
+            if is_table_weight(model, name, names):
+                held.append((name, t))  # the stream's own tensor: no copy
+                continue
+            if name.rsplit(".", 2)[0] != module:  # the previous module's copies are freed by now
+                module = name.rsplit(".", 2)[0]
+                trim_heap()
+            yield name, t
+
+    with tables_left_out_quietly(tables, names):
+        worker.reload_weights(weights_iterator=others())
+    if held:
+        with set_current_vllm_config(worker.vllm_config):
+            load_tables_in_place(model, tables, held)
