@@ -30,7 +30,8 @@ and held-out accuracy against training time and generated tokens.
 Each run's record is written to ``--out/results/<arm>-seed<S>.json`` (and ``--records``) as soon
 as it finishes, and the report (``async.json``, ``async.md``, ``async_acc_vs_wall.png``,
 ``async_acc_vs_tokens.png``) is rewritten after every run. Running the same command again reads
-the finished runs and continues a cut-off one from its last checkpoint.
+the finished runs measured on the same model (``start_model``, its weights' digest: a warm start
+built on another CPU is another model) and continues a cut-off one from its last checkpoint.
 
     .venv/bin/python benchmarks/async_real_loop.py --seeds 1 2 3 --steps 30 --out DIR \\
         [--task reasoning_longtail|reasoning] [--records DIR] [key=value ...]
@@ -39,6 +40,7 @@ the finished runs and continues a cut-off one from its last checkpoint.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -239,6 +241,14 @@ def report(out: Path, records: Sequence[Mapping[str, Any]], args: argparse.Names
     )
 
 
+def model_digest(model_dir: Path) -> str:
+    """sha256 (16 hex digits) of the model's weights."""
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def rescan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The records of the finished runs in ``--out`` computed again from their run directories
     (after a change to :func:`run_record`), each keeping the load it recorded."""
@@ -246,6 +256,8 @@ def rescan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for path in sorted((args.out / "results").glob("*-seed*.json")):
         old = json.loads(path.read_text())
         rec = run_record(args.out / path.stem, old["arm"], int(old["seed"]), old["load_before_after"])
+        if "start_model" in old:
+            rec["start_model"] = old["start_model"]
         for d in [args.out / "results"] + ([args.records] if args.records else []):
             (d / path.name).write_text(json.dumps(rec, indent=1) + "\n")
         records.append(rec)
@@ -274,6 +286,9 @@ def main() -> int:
 
     ensure = ensure_longtail_model_hd32 if args.task == "reasoning_longtail" else ensure_reasoning_model_hd32
     model = args.model or ensure(log=lambda s: print(s, file=sys.stderr, flush=True))
+    # a warm start built on another CPU (another instruction set, other rounding) is another
+    # model: a record is reused only for the model it was measured on
+    digest = model_digest(model)
     out = args.out
     (out / "results").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
@@ -288,7 +303,7 @@ def main() -> int:
             found = next((d / name for d in stores if (d / name).is_file()), None)
             if found is not None:
                 rec = json.loads(found.read_text())
-                if rec.get("steps") == args.steps:
+                if rec.get("steps") == args.steps and rec.get("start_model") == digest:
                     records.append(rec)
                     continue
             run_dir = out / f"{arm}-seed{seed}"
@@ -303,6 +318,7 @@ def main() -> int:
                 log=out / "logs" / f"{arm}-seed{seed}.log",
             )
             rec = run_record(run_dir, arm, seed, (load0, os.getloadavg()[0]))
+            rec["start_model"] = digest
             for d in stores:
                 (d / name).write_text(json.dumps(rec, indent=1) + "\n")
             records.append(rec)
