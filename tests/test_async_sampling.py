@@ -232,3 +232,29 @@ def test_async_version_metrics_by_hand():
         "async/partial_groups": 1.0,
         "async/version_span_max": 1.0,
     }
+
+
+def test_async_resumes_a_checkpoint_whose_pool_has_no_launch_positions():
+    # a checkpoint written before groups kept their launch position: its pooled groups go first,
+    # and batches that mix them with new groups still concatenate
+    cfg = FilterGroupsConfig(enable=True, max_staleness=2)
+    batcher, source, engine, a = build(cfg, HALF, k=2, action="wait")
+    try:
+        train(a, engine, 2)
+        with a.cv:
+            while len(batcher.pool) < 2 * B:
+                a.cv.wait(0.2)
+            for g in batcher.pool:
+                del g.batch.non_tensors[LAUNCH]
+            old = [str(g.batch["uid"][0]) for g in batcher.pool]
+            state = {"batcher": batcher.state_dict(), "source": source.state_dict()}
+    finally:
+        close(a, engine)
+    batcher2, _, engine2, a2 = build(cfg, HALF, k=2, action="wait", state=state)
+    try:
+        steps = train(a2, engine2, 4)
+    finally:
+        close(a2, engine2)
+    assert [s.action for s in steps] == ["train"] * 4 and all(len(s.batch) == B * N for s in steps)
+    first = [str(u) for u in steps[0].batch["uid"][::N]]
+    assert first == old[:B]  # the old pool's groups first, in their pool order

@@ -32,6 +32,9 @@ from dapo.rollout.vllm_server import ServerError, VllmServerRollout, connection_
 
 GENERATE = "/inference/v1/generate"
 ABORTED = "abort"  # vLLM's finish reason of an aborted request
+# an aborted request ends within an engine step or two; a stream still open after this is a
+# server that no longer answers, and the sync (which holds the generation thread) gives up
+DRAIN_LIMIT_S = 300.0
 
 
 class ServerPartialRollout(GroupsInFlight):
@@ -158,20 +161,41 @@ class ServerPartialRollout(GroupsInFlight):
             pass
         self._news.clear()
 
+    def _check_alive(self) -> None:
+        """A server that has exited answers nothing: say so rather than wait on its streams."""
+        proc = self.rollout.proc
+        if proc is None or proc.poll() is not None:
+            code = None if proc is None else proc.returncode
+            raise ServerError(
+                f"the vLLM server exited (code {code}) with requests in flight; its log "
+                f"({self.rollout.log_path}) ends:\n{self.rollout.log_tail()}"
+            )
+
     def step(self) -> list[FinishedGroup]:
         """Read the streams for a moment; the groups whose every sample has finished."""
         if self._streams and not self._done:
             self._loop.run_until_complete(self._wait())
         self._raise_error()
+        if self._streams:
+            self._check_alive()
         done, self._done = self._done, []
         return [FinishedGroup(k, *self._groups.pop(k)) for k in done if k in self._groups]
 
     async def _drain(self, tasks: list[asyncio.Task]) -> None:
+        tries = 0
         while tasks:
             # blocking for one short request: the server sends on, the sockets buffer it
             self.rollout.abort_all()
             _, pending = await asyncio.wait(tasks, timeout=self.abort_retry_s)
             tasks = list(pending)
+            tries += 1
+            if tasks and tries % 20 == 0:
+                self._check_alive()
+            if tasks and tries * self.abort_retry_s >= DRAIN_LIMIT_S:
+                raise ServerError(
+                    f"{len(tasks)} aborted requests still streaming from the vLLM server after "
+                    f"{DRAIN_LIMIT_S:g} s; its log is {self.rollout.log_path}"
+                )
 
     def suspend(self) -> list[tuple[Any, Sample]]:
         """Abort every request, keeping its tokens, and read each stream to its end: the server

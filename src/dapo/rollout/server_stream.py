@@ -78,23 +78,26 @@ async def sse_events(port: int, path: str, body: dict[str, Any]) -> AsyncIterato
             rest = b"".join([c async for c in _chunks(reader, chunked)])
             raise ServerError(f"{path}: HTTP {status}: {rest[:500].decode(errors='replace')}")
         buf = b""
-        async for piece in _chunks(reader, chunked):
-            # a read of buffered data does not yield to the loop: without this, one fast stream
-            # would starve the others (whose requests are then not even sent) and the caller
-            await asyncio.sleep(0)
-            buf += piece.replace(b"\r\n", b"\n")
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return
-                    msg = json.loads(payload)
-                    if "error" in msg:
-                        raise ServerError(f"{path}: the vLLM server reported {msg['error']}")
-                    yield msg
+        try:
+            async for piece in _chunks(reader, chunked):
+                # a read of buffered data does not yield to the loop: without this, one fast stream
+                # would starve the others (whose requests are then not even sent) and the caller
+                await asyncio.sleep(0)
+                buf += piece.replace(b"\r\n", b"\n")
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            return
+                        msg = json.loads(payload)
+                        if "error" in msg:
+                            raise ServerError(f"{path}: the vLLM server reported {msg['error']}")
+                        yield msg
+        except (asyncio.IncompleteReadError, OSError) as e:
+            raise ServerError(f"{path}: the vLLM server on port {port} broke off the stream ({e!r})") from e
         raise ServerError(f"{path}: the stream ended without [DONE]")
     finally:
         writer.close()

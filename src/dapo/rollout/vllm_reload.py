@@ -167,6 +167,9 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
 
     with tables_left_out_quietly(tables, names):
         worker.reload_weights(weights_iterator=others())
-    if held:
-        with set_current_vllm_config(worker.vllm_config):
-            load_tables_in_place(model, tables, held)
+    if not held:  # vLLM's own warning about it is filtered out above: never leave them stale silently
+        raise RuntimeError(
+            f"the weights sent to vLLM hold none of its embedding tables ({', '.join(sorted(names))})"
+        )
+    with set_current_vllm_config(worker.vllm_config):
+        load_tables_in_place(model, tables, held)

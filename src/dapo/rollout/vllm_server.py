@@ -208,7 +208,7 @@ class VllmServerRollout(VllmEngineBase):
         self._wait_healthy(startup_timeout_s)
 
     # ------------------------------------------------------------------ process
-    def _log_tail(self, lines: int = 15) -> str:
+    def log_tail(self, lines: int = 15) -> str:
         try:
             with open(self._log.name, errors="replace") as f:
                 return "".join(deque(f, maxlen=lines))
@@ -219,7 +219,7 @@ class VllmServerRollout(VllmEngineBase):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = self._log_tail()
+                tail = self.log_tail()
                 self.shutdown()
                 raise ServerError(
                     f"the vLLM server exited with code {self.proc.returncode} while starting; its log ends:\n{tail}"
@@ -231,7 +231,7 @@ class VllmServerRollout(VllmEngineBase):
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
-        tail = self._log_tail()
+        tail = self.log_tail()
         self.shutdown()
         raise ServerError(
             f"the vLLM server did not answer /health within {timeout_s:g} s "

@@ -94,7 +94,11 @@ class AsyncSampler:
         self._rows: dict[str, dict] = {}  # key -> prompt row, groups in flight
         self._launch_version: dict[str, int] = {}  # key -> policy version when launched
         self._seq: dict[str, int] = {}  # key -> launch position
-        # after a resume the pooled groups keep their launch positions: new ones come after them
+        # after a resume the pooled groups keep their launch positions: new ones come after them;
+        # a checkpoint from before positions were kept has none, and its groups go first
+        for g in sampler.pool:
+            if LAUNCH_SEQ not in g.batch.non_tensors:
+                g.batch[LAUNCH_SEQ] = np.full(len(g.batch), -1, dtype=object)
         self._next_key = 1 + max((launch_seq(g) for g in sampler.pool), default=-1)
         self.error: BaseException | None = None
         self._stop = False

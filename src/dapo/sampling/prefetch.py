@@ -79,15 +79,18 @@ class Prefetcher:
         if self._executor is None:
             return False
         ctx = GenContext()
-        self._cancel.clear()
+        # each generation its own flag: a later start must not revive a cancelled one
+        self._cancel = threading.Event()
         self._pending = (self._executor.submit(generate, ctx), ctx)
         return True
 
     def guard(self, round_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``round_fn`` that refuses to start once the generation is cancelled."""
+        """``round_fn`` that refuses to start once the generation it belongs to (the latest
+        started when this is called) is cancelled."""
+        cancelled = self._cancel
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self._cancel.is_set():
+            if cancelled.is_set():
                 raise PrefetchCancelled("the step that started this generation failed or was interrupted")
             return round_fn(*args, **kwargs)
 

@@ -314,7 +314,11 @@ class Trainer:
             # quiet trainer, and the step's time includes any generation the update did not hide
             if prefetching:
                 with self.timer("wait_prefetch"):
-                    self.prefetcher.wait()
+                    try:
+                        self.prefetcher.wait()
+                    except BaseException:  # Ctrl-C twice while waiting: stop at the next round
+                        self.prefetcher.cancel()
+                        raise
             check_nonfinite(self.actor.consecutive_nonfinite, self.global_step, self.run_dir)
             if self.cfg.trainer.rollout_data_dir:
                 with self.timer("dump_rollout_generations"):
