@@ -40,7 +40,6 @@ built on another CPU is another model) and continues a cut-off one from its last
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -51,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from coverage_report import matched, plot
-from reasoning_runs import run_usage, train_reasoning
+from reasoning_runs import model_digest, run_usage, train_reasoning
 
 from dapo.outputs.records import read_metrics
 
@@ -239,14 +238,6 @@ def report(out: Path, records: Sequence[Mapping[str, Any]], args: argparse.Names
         prefix="async",
         labels=("training time, s (validation excluded)", "generated response tokens"),
     )
-
-
-def model_digest(model_dir: Path) -> str:
-    """sha256 (16 hex digits) of the model's weights."""
-    h = hashlib.sha256()
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def rescan(args: argparse.Namespace) -> list[dict[str, Any]]:

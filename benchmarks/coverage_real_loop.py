@@ -55,7 +55,7 @@ from typing import Any
 
 from coverage_report import ROLLOUT_DIR, VALIDATION_DIR, markdown, plot, run_record, summarize
 from offline_filter import FILTERED_FILE, read_pass, tuned_gen_batch_size
-from reasoning_runs import PRESET, train_args, train_reasoning
+from reasoning_runs import PRESET, model_digest, train_args, train_reasoning
 
 VERL = ["algorithm.filter_groups.strategy=verl", "actor_rollout_ref.actor.on_policy_fast_path=true"]
 ARMS: dict[str, list[str]] = {
@@ -147,16 +147,10 @@ def check_arms(args: argparse.Namespace) -> None:
 
 
 def start_model_digest(args: argparse.Namespace) -> str:
-    """sha256 (16 hex digits) of the warm-started model's weights, built here if absent."""
-    import hashlib
-
+    """:func:`model_digest` of the warm-started model, built here if absent."""
     from dapo.tasks import builtin_model
 
-    model_dir = builtin_model(args.task, log=lambda line: print(line, file=sys.stderr, flush=True))
-    digest = hashlib.sha256()
-    for f in sorted(model_dir.glob("*.safetensors")):
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:16]
+    return model_digest(builtin_model(args.task, log=lambda line: print(line, file=sys.stderr, flush=True)))
 
 
 def preset_value(args: argparse.Namespace, key: str) -> Any:

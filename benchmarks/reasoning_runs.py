@@ -8,6 +8,7 @@ configuration is continued from its last checkpoint (``trainer.resume_mode=auto`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,15 @@ from typing import Any
 PRESET = "reasoning"
 # each invocation's CPU and wall seconds (run_measured), one line each
 CPU_FILE = "cpu_usage.jsonl"
+
+
+def model_digest(model_dir: Path) -> str:
+    """sha256 (16 hex digits) of a model's weights: the records say which model they were measured
+    on (a warm start built on another CPU, with other rounding, is another model)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def train_args(
