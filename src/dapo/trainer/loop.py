@@ -304,21 +304,17 @@ class Trainer:
                 if self.async_run is not None:
                     self.async_run.after_update(self.model)
                 self.updates += 1
+                # the step ends when its prefetch does: validation, checkpoints and dumps then see
+                # a quiet trainer, and the step's time includes any generation the update did not hide
+                if prefetching:
+                    with self.timer("wait_prefetch"):
+                        self.prefetcher.wait()
             except BaseException:
-                # an error, or Ctrl-C twice: the next step's generation stops at its next round
-                # instead of this one waiting for it
+                # an error, or Ctrl-C twice (during the update or the wait): the next step's
+                # generation stops at its next round instead of this one waiting for it
                 if prefetching:
                     self.prefetcher.cancel()
                 raise
-            # the step ends when its prefetch does: validation, checkpoints and dumps then see a
-            # quiet trainer, and the step's time includes any generation the update did not hide
-            if prefetching:
-                with self.timer("wait_prefetch"):
-                    try:
-                        self.prefetcher.wait()
-                    except BaseException:  # Ctrl-C twice while waiting: stop at the next round
-                        self.prefetcher.cancel()
-                        raise
             check_nonfinite(self.actor.consecutive_nonfinite, self.global_step, self.run_dir)
             if self.cfg.trainer.rollout_data_dir:
                 with self.timer("dump_rollout_generations"):
