@@ -91,9 +91,8 @@ class AsyncSampler:
         self.k, self.action = int(max_off_policy_threshold), max_off_policy_strategy
         self.cv = threading.Condition(threading.RLock())
         self._new_step()
-        self._rows: dict[str, dict] = {}  # key -> prompt row, groups in flight
-        self._launch_version: dict[str, int] = {}  # key -> policy version when launched
-        self._seq: dict[str, int] = {}  # key -> launch position
+        self._rows: dict[int, dict] = {}  # key (launch position) -> prompt row, groups in flight
+        self._launch_version: dict[int, int] = {}  # key -> policy version when launched
         # after a resume the pooled groups keep their launch positions: new ones come after them;
         # a checkpoint from before positions were kept has none, and its groups go first
         for g in sampler.pool:
@@ -125,7 +124,7 @@ class AsyncSampler:
     def ready(self) -> int:
         """Pooled groups launched before every group still decoding: the next batch is taken
         from these, so it never depends on which groups finished first."""
-        first = min((self._seq[k] for k in self._rows), default=None)
+        first = min(self._rows, default=None)
         return sum(1 for g in self.s.pool if first is None or launch_seq(g) < first)
 
     def next_batch(self) -> SampledStep:
@@ -208,8 +207,7 @@ class AsyncSampler:
             rows, skipped = s.skip.draw(self.source, want, s.version)
             self.st.skipped_prompts += skipped
             for r in rows:
-                key = f"a{self._next_key}"
-                self._seq[key] = self._next_key
+                key = self._next_key  # a group's key is its launch position
                 self._next_key += 1
                 self._rows[key] = r
                 self._launch_version[key] = s.version
@@ -235,7 +233,6 @@ class AsyncSampler:
             for key in late:
                 self._rows.pop(key)
                 self._launch_version.pop(key)
-                self._seq.pop(key)
             self.st.aborted_groups += len(late)
             self.st.generated_groups += len(late)
             self.totals["dropped_in_flight"] += len(late)
@@ -263,7 +260,6 @@ class AsyncSampler:
                 with self.cv:
                     got = [g for g in got if g.key in self._rows]  # dropped meanwhile: not ours
                     rows = [self._rows[g.key] for g in got]
-                    seqs = [self._seq[g.key] for g in got]
                 if not got:
                     continue
                 b = self.finish(rows, got)  # scoring: outside the lock, off the generation thread
@@ -271,14 +267,12 @@ class AsyncSampler:
                     live = [i for i, g in enumerate(got) if self._rows.pop(g.key, None) is not None]
                     for g in got:
                         self._launch_version.pop(g.key, None)
-                        self._seq.pop(g.key, None)
                     if len(live) < len(got):  # some expired while being scored
                         n = self.s.n
                         b = b.select(np.concatenate([np.arange(i * n, (i + 1) * n) for i in live]))
                         rows = [rows[i] for i in live]
-                        seqs = [seqs[i] for i in live]
                     if rows:
-                        self._add(rows, b, seqs)
+                        self._add(rows, b, [got[i].key for i in live])
                     self.cv.notify_all()
         except BaseException as e:
             with self.cv:
@@ -351,9 +345,8 @@ class AsyncSampler:
 
 
 def launch_seq(g: Group) -> int:
-    """Where ``g`` was launched among the async groups (-1 for a group that carries no position)."""
-    seq = g.batch.non_tensors.get(LAUNCH_SEQ)
-    return -1 if seq is None else int(seq[0])
+    """Where ``g`` was launched among the async groups (-1: pooled before positions were kept)."""
+    return int(g.batch.non_tensors[LAUNCH_SEQ][0])
 
 
 def version_metrics(b: Batch | None, n: int) -> dict[str, float]:
