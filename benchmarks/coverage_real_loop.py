@@ -37,7 +37,10 @@ wall-clock figures grow with the machine's load; its CPU seconds do not).
         [--records DIR] [--task reasoning_wide|reasoning] [key=value ...]
 
 The finished runs of this project's proof are kept in ``docs/results/coverage_real_loop/``
-(``--records``), so that a later session continues with the runs still missing.
+(``--records``), so that a later session continues with the runs still missing. They were made
+with torch's CPU kernels capped at AVX2 (``--cpu-isa``, the default): each record names the
+digest of the warm start it began from, and only the same cap rebuilds that warm start bit for
+bit on another machine.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from typing import Any
 
 from coverage_report import ROLLOUT_DIR, VALIDATION_DIR, markdown, plot, run_record, summarize
 from offline_filter import FILTERED_FILE, read_pass, tuned_gen_batch_size
-from reasoning_runs import PRESET, model_digest, train_args, train_reasoning
+from reasoning_runs import ISA_ENV, PRESET, model_digest, pin_cpu_isa, train_args, train_reasoning
 
 VERL = ["algorithm.filter_groups.strategy=verl", "actor_rollout_ref.actor.on_policy_fast_path=true"]
 ARMS: dict[str, list[str]] = {
@@ -305,10 +308,19 @@ def main() -> int:
         help="where finished runs' records are read and written (default OUT/results): keep them "
         "somewhere lasting to continue the runs on another machine or in a later session",
     )
+    ap.add_argument(
+        "--cpu-isa",
+        choices=[*ISA_ENV, "native"],
+        default="avx2",
+        help="cap torch's CPU kernels at this instruction set (default avx2, the one the kept records "
+        "were made with: their warm start is then rebuilt bit for bit on any AVX2 or AVX-512 machine; "
+        "native: the machine's own, a different warm start on an AVX-512 machine)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     if args.steps % args.test_freq:
         ap.error("--steps must be a multiple of --test-freq (the last validation closes the curve)")
+    pin_cpu_isa(None if args.cpu_isa == "native" else args.cpu_isa)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     args.records = (args.records or args.out / RESULTS).resolve()

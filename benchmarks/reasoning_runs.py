@@ -23,6 +23,30 @@ PRESET = "reasoning"
 CPU_FILE = "cpu_usage.jsonl"
 
 
+# torch, MKL and oneDNN each pick their CPU kernels by the instruction set the machine has, and
+# kernels of different widths round differently: the same warm start trained on an AVX-512
+# machine and on an AVX2-only one are two models. Capping all three at one instruction set makes
+# a build and a run the same on any x86 machine that has it.
+ISA_ENV: dict[str, dict[str, str]] = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+
+
+def pin_cpu_isa(isa: str | None) -> None:
+    """Cap this process's CPU kernels, and those of every run it starts, at instruction set
+    ``isa`` (None: the machine's own); the models built under the cap go to a cache of their
+    own (``$DAPO_CACHE/isa-<isa>``), apart from those built without it. Call it before anything
+    imports torch: torch reads its cap once."""
+    if not isa:
+        return
+    if "torch" in sys.modules:
+        raise RuntimeError("pin_cpu_isa must run before torch is imported")
+    os.environ.update(ISA_ENV[isa])
+    cache = Path(os.environ.get("DAPO_CACHE", "~/.cache/dapo")).expanduser()
+    if cache.name != f"isa-{isa}":
+        os.environ["DAPO_CACHE"] = str(cache / f"isa-{isa}")
+
+
 def model_digest(model_dir: Path) -> str:
     """sha256 (16 hex digits) of a model's weights: the records say which model they were measured
     on (a warm start built on another CPU, with other rounding, is another model)."""
