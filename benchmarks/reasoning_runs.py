@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from typing import Any
 PRESET = "reasoning"
 # each invocation's CPU and wall seconds (run_measured), one line each
 CPU_FILE = "cpu_usage.jsonl"
+# the running invocation's seconds so far, rewritten every few seconds: an invocation killed with
+# its benchmark (a session's end) leaves them here, and the next one adds them to CPU_FILE
+PARTIAL_FILE = "cpu_usage.partial.json"
+PARTIAL_EVERY_S = 10.0
 
 
 # torch, MKL and oneDNN each pick their CPU kernels by the instruction set the machine has, and
@@ -97,18 +102,54 @@ def same_config(run_dir: Path, args: list[str]) -> bool:
     return (run_dir / "finished.json").exists() and recorded_config(run_dir, args)
 
 
-def run_measured(cmd: list[str], **popen: Any) -> dict[str, float]:
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, with its waited-for children) of a running process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def run_measured(cmd: list[str], partial: Path | None = None, **popen: Any) -> dict[str, float]:
     """Run ``cmd``; its CPU seconds (user + system, with its waited-for children) and wall
     seconds. The CPU time does not grow with the machine's load as the wall time does: one
-    thread's run takes about its CPU time on an idle core. Raises ``CalledProcessError`` when
-    it fails."""
+    thread's run takes about its CPU time on an idle core. ``partial``: a file rewritten with the
+    seconds so far while it runs. Raises ``CalledProcessError`` when it fails."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, **popen)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(PARTIAL_EVERY_S):
+            try:
+                cpu = proc_cpu_s(proc.pid)
+            except (OSError, ValueError, IndexError):  # exited between two samples
+                return
+            tmp = partial.with_name(f".{partial.name}.tmp")
+            tmp.write_text(json.dumps({"cpu_s": cpu, "wall_s": time.perf_counter() - t0}))
+            tmp.replace(partial)
+
+    sampler = threading.Thread(target=sample, daemon=True) if partial is not None else None
+    if sampler is not None:
+        sampler.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        done.set()
+        if sampler is not None:
+            sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
     if proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
     return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.perf_counter() - t0}
+
+
+def carry_partial(run_dir: Path) -> None:
+    """Add a killed invocation's last sampled seconds (``PARTIAL_FILE``) to ``CPU_FILE``."""
+    partial = run_dir / PARTIAL_FILE
+    if partial.is_file():
+        row = {**json.loads(partial.read_text()), "killed": True}
+        with open(run_dir / CPU_FILE, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        partial.unlink()
 
 
 def run_usage(run_dir: Path) -> dict[str, float]:
@@ -141,13 +182,17 @@ def train_reasoning(
                 shutil.rmtree(run_dir)
         cmd = [sys.executable, "-m", "dapo.cli", "train", "--config-name", PRESET, *args]
         cmd.append(f"trainer.default_local_dir={run_dir}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        carry_partial(run_dir)
+        partial = run_dir / PARTIAL_FILE
         if log is None:
-            usage = run_measured(cmd, stdout=subprocess.DEVNULL)
+            usage = run_measured(cmd, partial, stdout=subprocess.DEVNULL)
         else:
             with open(log, "a") as out:
-                usage = run_measured(cmd, stdout=out, stderr=subprocess.STDOUT)
+                usage = run_measured(cmd, partial, stdout=out, stderr=subprocess.STDOUT)
         with open(run_dir / CPU_FILE, "a") as f:
             f.write(json.dumps(usage) + "\n")
+        partial.unlink(missing_ok=True)
         if not (run_dir / "finished.json").exists():  # stopped by a signal: it exits 0, unfinished
             raise RuntimeError(f"{run_dir}: the run stopped before its last step; run again to continue it")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,7 @@ against hand-computed curves, and the skip of finished runs on a rerun."""
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -321,3 +322,49 @@ def test_run_measured_counts_the_childs_cpu_and_raises_on_failure():
     with pytest.raises(subprocess.CalledProcessError) as e:
         run_measured([sys.executable, "-c", "raise SystemExit(3)"])
     assert e.value.returncode == 3
+
+
+def test_a_killed_invocations_cpu_seconds_are_carried_into_the_run(tmp_path, monkeypatch):
+    """A run killed with its benchmark (a session's end) keeps the CPU seconds it had used: the
+    sampled partial file goes into the run's usage when the next invocation starts."""
+    import signal
+    import subprocess
+    import threading
+
+    import reasoning_runs as rr
+
+    monkeypatch.setattr(rr, "PARTIAL_EVERY_S", 0.05)
+    marker = tmp_path / "spun"
+    child = (
+        "import time, pathlib\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        f"pathlib.Path({str(marker)!r}).touch()\ntime.sleep(3600)"
+    )
+    partial = tmp_path / rr.PARTIAL_FILE
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rr.run_measured([sys.executable, "-c", child], partial)
+        except subprocess.CalledProcessError as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    while not (marker.exists() and partial.exists() and json.loads(partial.read_text())["cpu_s"] >= 0.3):
+        threading.Event().wait(0.05)
+    pid = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_child(p, marker))
+    os.kill(pid, signal.SIGKILL)
+    worker.join()
+    assert failed and failed[0].returncode == -signal.SIGKILL
+    rr.carry_partial(tmp_path)
+    assert not partial.exists()
+    (row,) = [json.loads(x) for x in (tmp_path / rr.CPU_FILE).read_text().splitlines()]
+    assert row["killed"] is True and row["cpu_s"] >= 0.3
+    assert rr.run_usage(tmp_path)["cpu_s"] == row["cpu_s"]
+
+
+def _is_child(proc_dir: Path, marker: Path) -> bool:
+    try:
+        return str(marker) in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
