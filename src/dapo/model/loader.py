@@ -49,6 +49,28 @@ def load_model(
         raise ModelError(_load_failure(p, "model", e)) from None
 
 
+def load_model_layout(
+    path: str | Path, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """The model of ``path`` with its parameters on the meta device (no memory, nothing read
+    but the config files): names, shapes, dtypes, config and generation config, for a trainer
+    whose weights live on worker ranks. Buffers (rotary tables) are real."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from dapo.distributed.fsdp_worker import parameters_on_meta
+
+    p = _check_dir(path)
+    try:
+        config = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+        with parameters_on_meta():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelError(_load_failure(p, "model", e)) from None
+    if (p / "generation_config.json").exists():
+        model.generation_config = GenerationConfig.from_pretrained(str(p))
+    return model
+
+
 def _load_failure(p: Path, what: str, e: Exception) -> str:
     """One line for a directory transformers could not load (no weights, a config.json that is
     not JSON, no tokenizer files): its own first line, the path, and what to do."""
@@ -87,12 +109,19 @@ def _check_dir(path: str | Path) -> Path:
 
 
 def build_policy(
-    model_cfg: Any, *, path: str, tokenizer_path: str, device: str, model_dtype: str
+    model_cfg: Any,
+    *,
+    path: str,
+    tokenizer_path: str,
+    device: str,
+    model_dtype: str,
+    weights: bool = True,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, torch.device]:
     """The policy of ``actor_rollout_ref.model`` loaded from ``path`` (``dapo.tasks.run_files``:
     the configured directory or the built-in model), its tokenizer and its device:
     ``(tokenizer, model, device)``, the model in train mode. ``device`` is ``trainer.device``,
-    ``model_dtype`` ``actor.fsdp_config.model_dtype``."""
+    ``model_dtype`` ``actor.fsdp_config.model_dtype``. ``weights=False``: the parameters stay on
+    the meta device (:func:`load_model_layout`; the weights live on worker ranks)."""
     from dapo.model.precision import resolve_model_dtype
 
     m = model_cfg
@@ -105,13 +134,13 @@ def build_policy(
             "set trainer.device=cpu"
         )
     dev = torch.device("cuda" if device == "cuda" else "cpu")
-    model = load_model(
-        path, dtype=resolve_model_dtype(model_dtype, dev), trust_remote_code=m.trust_remote_code
-    )
+    load = load_model if weights else load_model_layout
+    model = load(path, dtype=resolve_model_dtype(model_dtype, dev), trust_remote_code=m.trust_remote_code)
     for k, v in m.override_config.items():
         setattr(model.config, k, v)
     if m.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    model.to(dev)
+    if weights:  # a layout stays where it is: it computes nothing
+        model.to(dev)
     return tokenizer, model, dev
