@@ -17,13 +17,16 @@ drives a worker group of FSDP ranks (processes or Ray actors). The distributed o
   number of ranks beyond float rounding;
 * makes every split divisible by padding with zero-weight rows (logged; results dropped);
 * pushes the trained weights into the rollout model after each update, streamed in rounds of
-  at most ``rollout.update_weights_bucket_megabytes`` (``weight_sync``: no full copy, no disk).
+  at most ``rollout.update_weights_bucket_megabytes`` (``weight_sync``: no full copy, no disk),
+  or, with no rollout model (the driver holds no copy: vLLM), counts the updates
+  (``weights_version``) and hands out the same rounds' pieces to whoever streams them on
+  (:meth:`DistributedActor.iter_pieces`: vLLM's loader, a checkpoint's weights file).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,7 +43,7 @@ from dapo.distributed.partition import (
     rank_partitions,
     row_lengths,
 )
-from dapo.distributed.weight_sync import check_covered, load_pieces_into
+from dapo.distributed.weight_sync import WeightPiece, check_covered, load_pieces_into
 from dapo.distributed.worker_group import WorkerGroup
 
 
@@ -98,7 +101,9 @@ class DistributedActor:
     ``lr_source``: an object with ``param_groups`` (the driver's optimizer, stepped by the
     trainer's LR scheduler): its current lr is sent with each update. ``rollout_model``: the
     driver's model that the rollout engine samples from; it receives the new weights after
-    every update."""
+    every update. Without one the driver holds no weights: ``weights_version`` counts the
+    changes (an update that took an optimizer step, a loaded checkpoint) and whoever needs the
+    weights streams them from the ranks (:meth:`iter_pieces`)."""
 
     def __init__(
         self,
@@ -132,6 +137,7 @@ class DistributedActor:
         self._consecutive = 0
         self._warned: set[str] = set()
         self.last_sync: dict[str, float] = {}
+        self.weights_version = 0
         self.on_shutdown: list[Callable[[], None]] = []  # e.g. stopping a private local Ray
 
     def configure(self, settings: ActorSettings) -> None:
@@ -242,8 +248,10 @@ class DistributedActor:
                 )
             )
         steps_taken = len(pieces[0]) - (self._nonfinite - before)
-        if self.rollout_model is not None and steps_taken > 0:
-            metrics.update(self.sync_weights())
+        if steps_taken > 0:
+            self.weights_version += 1
+            if self.rollout_model is not None:
+                metrics.update(self.sync_weights())
         return metrics
 
     # ----------------------------------------------------------------- weights and checkpoints
@@ -268,6 +276,29 @@ class DistributedActor:
         }
         return dict(self.last_sync)
 
+    def iter_pieces(self) -> Iterator[WeightPiece]:
+        """Every rank's rows of every trainable parameter as ``(name, first row, rows)`` on the
+        CPU, fetched one round (at most one bucket over all ranks) at a time; each round is let
+        go before the next is asked for. ``last_sync`` has the figures once it is exhausted."""
+        t0 = time.perf_counter()
+        rounds = max(self.group.call_all("weight_rounds", self.bucket_megabytes))
+        nbytes = 0
+        for i in range(rounds):
+            per_rank = self.group.call_all("weight_round", i)
+            for pieces in per_rank:
+                pieces.reverse()
+                while pieces:  # popped, so a piece passed on is held by its taker alone
+                    piece = pieces.pop()
+                    nbytes += piece[2].numel() * piece[2].element_size()
+                    yield piece
+                    del piece
+            del per_rank
+        self.last_sync = {
+            "perf/weight_sync_s": time.perf_counter() - t0,
+            "perf/weight_sync_mb": nbytes / 2**20,
+            "perf/weight_sync_rounds": float(rounds),
+        }
+
     def _load_round(self, per_rank: list[list], seen: dict[str, int]) -> int:
         nbytes = 0
         for pieces in per_rank:
@@ -282,6 +313,7 @@ class DistributedActor:
 
     def load_sharded(self, path: str) -> None:
         self.group.call_all("load_sharded", str(path))
+        self.weights_version += 1
         if self.rollout_model is not None:
             self.sync_weights()
 

@@ -16,7 +16,7 @@ nothing is sent when the update took no optimizer step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -136,3 +136,47 @@ def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor])
     if missing:
         raise KeyError(f"weight sync: {len(missing)} parameters missing, e.g. {missing[:3]}")
     return load_pieces_into(model, ((n, 0, v) for n, v in state.items() if n in params))
+
+
+def assemble(
+    pieces: Iterable[WeightPiece], targets: Mapping[str, tuple[torch.dtype, torch.Size]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Whole parameters from their pieces, each yielded (in ``targets``' dtype) as soon as its
+    last rows arrive and then forgotten: what is held at once is the parameters whose pieces are
+    still arriving. A piece that is a whole parameter passes through without a copy. Parameters
+    with no elements (never sent) come last, empty. Raises if a parameter stays incomplete."""
+    partial: dict[str, list] = {}  # name -> [the full tensor, rows written]
+    done: set[str] = set()
+    for name, start, rows in pieces:
+        if name not in targets:
+            raise KeyError(f"weight sync: the policy has no parameter {name}")
+        dtype, shape = targets[name]
+        need = shape[0] if len(shape) else 1
+        k = rows.shape[0] if rows.dim() else 1
+        if k == need and start == 0 and name not in partial:
+            if tuple(rows.shape) != tuple(shape):
+                raise ValueError(f"weight sync: {name} is {tuple(rows.shape)}, the policy's {tuple(shape)}")
+            done.add(name)
+            yield name, rows.to(dtype)
+            continue
+        entry = partial.get(name)
+        if entry is None:
+            entry = partial[name] = [torch.empty(shape, dtype=dtype), 0]
+        dst = entry[0] if len(shape) == 0 else entry[0][start : start + k]
+        if dst.shape != rows.shape:
+            raise ValueError(
+                f"weight sync: {name} rows {start}+{tuple(rows.shape)} do not fit {tuple(shape)}"
+            )
+        dst.copy_(rows)
+        entry[1] += k
+        if entry[1] >= need:
+            full = partial.pop(name)[0]
+            done.add(name)
+            yield name, full
+    if partial:
+        raise KeyError(f"weight sync: {len(partial)} parameters incomplete, e.g. {list(partial)[:3]}")
+    for name, (dtype, shape) in targets.items():
+        if name not in done:
+            if torch.Size(shape).numel():
+                raise KeyError(f"weight sync: no rows of {name} arrived")
+            yield name, torch.empty(shape, dtype=dtype)

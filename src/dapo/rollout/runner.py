@@ -6,9 +6,9 @@ and, with prefetch, the own engine's copy of the weights."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,6 +25,32 @@ def weights_version(model: torch.nn.Module) -> int:
     return sum(p._version for p in model.parameters())
 
 
+class WeightSource(Protocol):
+    """Where vLLM's weights come from: ``version`` changes whenever they do, ``named_weights``
+    gives them as ``(name, tensor)`` under the Hugging Face names."""
+
+    @property
+    def version(self) -> int: ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+
+class ModelWeights:
+    """The weights of a model in this process (the in-process actor's, or the trainer's copy)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @property
+    def version(self) -> int:
+        return weights_version(self.model)
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        from dapo.rollout.vllm_rollout import state_dict_for_vllm
+
+        return state_dict_for_vllm(self.model).items()
+
+
 class RolloutRunner:
     def __init__(
         self,
@@ -39,6 +65,7 @@ class RolloutRunner:
         self.prompt_width = int(r.prompt_length)  # resolved from data.max_prompt_length when null
         self.response_length = int(r.response_length)
         self.policy = model
+        self.weights: WeightSource = ModelWeights(model)
         eos = tokenizer.eos_token_id
         gen_eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
@@ -64,7 +91,7 @@ class RolloutRunner:
             log=log,
         )
         if getattr(self.engine, "synced_version", None) is not None:  # vLLM holds the policy's weights
-            self.engine.synced_version = weights_version(model)
+            self.engine.synced_version = self.weights.version
         self.handoff: Handoff | None = None
         self.multi_turn = None
         if r.multi_turn.enable:  # generate -> tool calls -> tool messages (response_mask 0) -> ...
@@ -103,12 +130,20 @@ class RolloutRunner:
             actor = ActorOffload(self.policy, optimizer, bool(offload), ledger)
         self.handoff = Handoff(self.engine, actor, str(cfg.trainer.device), ledger)
 
+    def use_weights(self, source: WeightSource) -> None:
+        """vLLM takes its weights from ``source`` (the worker ranks, when the trainer holds no
+        copy) instead of the trainer's model; the engine holds its current version (both
+        started from the same model directory)."""
+        self.weights = source
+        if getattr(self.engine, "synced_version", None) is not None:
+            self.engine.synced_version = source.version
+
     def _send_weights(self, timer: Any) -> bool:
-        version = weights_version(self.policy)
+        version = self.weights.version
         if self.engine.synced_version == version:
             return False
         with timer("update_weights") if timer is not None else nullcontext():
-            self.engine.update_weights(self.policy)
+            self.engine.load_weights(self.weights.named_weights())
         self.engine.synced_version = version
         return True
 

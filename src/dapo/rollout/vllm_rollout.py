@@ -34,7 +34,7 @@ import logging
 import os
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -261,6 +261,13 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if "lm_head.weight" not in sd and getattr(model.config, "tie_word_embeddings", False):
         sd["lm_head.weight"] = model.get_input_embeddings().weight.detach()
     return sd
+
+
+def weight_pairs(
+    weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs of a state dict, or the pairs themselves."""
+    return weights.items() if isinstance(weights, Mapping) else weights
 
 
 class PrefixCacheResetFailed(RuntimeError):
@@ -495,19 +502,20 @@ class VllmRollout(VllmEngineBase):
         run in their own processes."""
         self.load_weights(state_dict_for_vllm(model))
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
-        generation thread loads a snapshot while the update writes the live weights)."""
+        generation thread loads a snapshot while the update writes the live weights), or from
+        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream)."""
         self.wake_up([WEIGHTS])
         try:
             if self.settings.tensor_model_parallel_size == 1:
-                stream = {"weights_iterator": iter(weights.items())}
+                stream = {"weights_iterator": iter(weight_pairs(weights))}
                 self.llm.collective_rpc("dapo_reload_weights", kwargs=stream)
             else:
                 from dapo.rollout.vllm_weight_stream import WeightSender
 
                 sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
-                thread = sender.send_in_thread(weights.items())
+                thread = sender.send_in_thread(weight_pairs(weights))
                 try:
                     self.llm.collective_rpc("dapo_receive_weights", kwargs=sender.address())
                 finally:

@@ -45,6 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from dapo.rollout.vllm_rollout import (
     check_prefix_cache_reset,
     engine_env,
     state_dict_for_vllm,
+    weight_pairs,
 )
 from dapo.rollout.vllm_weight_stream import WeightSender
 
@@ -321,13 +323,14 @@ class VllmServerRollout(VllmEngineBase):
         cache; any failure, a refused reset included, raises :class:`WeightSyncError`."""
         self.load_weights(state_dict_for_vllm(model))
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
-        generation thread sends a snapshot while the update writes the live weights)."""
+        generation thread sends a snapshot while the update writes the live weights), or from
+        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream)."""
         sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
             self.wake_up([WEIGHTS])
-            thread = sender.send_in_thread(weights.items())
+            thread = sender.send_in_thread(weight_pairs(weights))
             try:
                 self._post("/collective_rpc", {"method": "dapo_receive_weights", "kwargs": sender.address()})
             finally:
