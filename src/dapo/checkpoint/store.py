@@ -166,6 +166,7 @@ def save_checkpoint(
     max_to_keep: int | None = None,
     fsync: bool = True,
     extra_writer: Any = None,
+    weights_writer: Callable[[Path], Any] | None = None,
     log: Warn | None = None,
 ) -> Path:
     """Write ``<run_dir>/global_step_<step>/`` atomically, then ``latest_checkpointed_iteration.txt``.
@@ -179,7 +180,10 @@ def save_checkpoint(
     ones beyond it are pruned first (never the newest); if it is still short, or the disk fills
     up part-way, :class:`DiskFullError` says so and nothing that looks like a checkpoint is left.
     ``extra_writer(tmp_dir)`` writes more files (sharded worker state) into the checkpoint before
-    its manifest. ``log`` receives a line per checkpoint pruned for space. Returns the directory.
+    its manifest. ``weights_writer(hf_dir)``, when given, writes the Hugging Face files in place
+    of ``model.save_pretrained`` (a model whose weights live on worker ranks:
+    ``dapo.distributed.rank_weights``). ``log`` receives a line per checkpoint pruned for space.
+    Returns the directory.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +202,7 @@ def save_checkpoint(
     with _staging(final, needed, max_to_keep) as tmp:
         hf = tmp / HF_SUBDIR
         hf.mkdir(parents=True)
-        model.save_pretrained(hf, safe_serialization=True)
+        _save_pretrained(model, hf, weights_writer)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf)
         if optimizer is not None:
@@ -237,9 +241,22 @@ def _ensure_space(run_dir: Path, final: Path, needed: int, max_to_keep: int | No
     raise DiskFullError(checkpoint_space.disk_full_message(final, needed, free, max_to_keep))
 
 
-def save_model_dir(model_dir: str | os.PathLike, model: torch.nn.Module, tokenizer: Any = None) -> Path:
+def _save_pretrained(model: Any, out: Path, weights_writer: Callable[[Path], Any] | None) -> None:
+    if weights_writer is not None:
+        weights_writer(out)
+    else:
+        model.save_pretrained(out, safe_serialization=True)
+
+
+def save_model_dir(
+    model_dir: str | os.PathLike,
+    model: torch.nn.Module,
+    tokenizer: Any = None,
+    weights_writer: Callable[[Path], Any] | None = None,
+) -> Path:
     """A Hugging Face model directory (``final_model``) written like a checkpoint: space checked
-    first, staged beside its place and renamed into it, DiskFullError when the disk is short."""
+    first, staged beside its place and renamed into it, DiskFullError when the disk is short.
+    ``weights_writer`` as for :func:`save_checkpoint`."""
     model_dir = Path(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(model_dir.parent, model_dir.name)
@@ -248,7 +265,7 @@ def save_model_dir(model_dir: str | os.PathLike, model: torch.nn.Module, tokeniz
     if needed > free:
         raise DiskFullError(checkpoint_space.disk_full_message(model_dir, needed, free))
     with _staging(model_dir, needed, None) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        _save_pretrained(model, tmp, weights_writer)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _publish(tmp, model_dir, fsync=True)
@@ -501,7 +518,7 @@ def verify_checkpoint(path: str | os.PathLike, warn: Warn = _warn) -> Manifest:
 
 def load_checkpoint(
     path: str | os.PathLike,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any = None,
     *,
@@ -510,7 +527,8 @@ def load_checkpoint(
     warn: Warn = _warn,
 ) -> dict[str, Any]:
     """Verify ``path`` (:func:`verify_checkpoint`), then restore weights, optimizer, scheduler and
-    RNG states from it; return the trainer state. Any file that cannot be read or does not fit
+    RNG states from it; return the trainer state. ``model`` None: the weights are left to the
+    caller (worker ranks load their shards from ``actor/dcp``). Any file that cannot be read or does not fit
     raises CheckpointError naming it.
 
     Generators saved from the trainer state come back in the returned dict as new
@@ -519,7 +537,8 @@ def load_checkpoint(
     """
     path = Path(path)
     verify_checkpoint(path, warn)
-    load_model_weights(model, path / HF_SUBDIR)
+    if model is not None:
+        load_model_weights(model, path / HF_SUBDIR)
     if optimizer is not None:
         f = path / "actor" / "optimizer.pt"
         if not f.exists():

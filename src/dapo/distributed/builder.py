@@ -34,6 +34,25 @@ def dp_world_size(cfg: Any) -> int:
     return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
 
 
+def actor_on_ranks(cfg: Any, backend: str | None = None) -> bool:
+    """Whether :func:`build_actor` puts the actor on worker ranks (else it runs in the trainer)."""
+    backend = backend or cfg.trainer.worker_backend
+    return not (backend == "inprocess" or (backend == "auto" and dp_world_size(cfg) == 1))
+
+
+def driver_holds_weights(cfg: Any) -> bool:
+    """Whether the trainer keeps a full copy of the policy. It does not when the actor is on
+    worker ranks and vLLM samples (vLLM holds its own copy, fed from the ranks; checkpoints are
+    written from the ranks): its model is then a layout on the meta device
+    (:mod:`dapo.distributed.rank_weights`). The own engine generates from the trainer's copy,
+    and the async loop hands the generation thread a snapshot of it, so both keep one."""
+    return not (
+        actor_on_ranks(cfg)
+        and cfg.actor_rollout_ref.rollout.name == "vllm"
+        and cfg.async_training.mode == "sync"
+    )
+
+
 def warn_uneven_mini_batch(settings: ActorSettings, dp: int, log: Callable[[str], None] = print) -> None:
     """Say so when a mini-batch does not split evenly over the ``dp`` data-parallel groups."""
     if settings.ppo_mini_batch_size % dp:
@@ -88,7 +107,7 @@ def build_actor(
     if backend not in BACKENDS:
         raise ValueError(f"trainer.worker_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     dp = dp_world_size(cfg)
-    if backend == "inprocess" or (backend == "auto" and dp == 1):
+    if not actor_on_ranks(cfg, backend):
         if dp != 1:
             raise ValueError(
                 f"trainer.worker_backend=inprocess runs one rank, but trainer.nnodes x n_gpus_per_node = {dp}"

@@ -32,7 +32,8 @@ from dapo.config.pipeline import finalize_steps
 from dapo.config.schema import DapoConfig
 from dapo.data.dataset import build_prompt_data, refuse_bad_data
 from dapo.distributed.actor_group import LocalActor
-from dapo.distributed.builder import build_actor, dp_world_size
+from dapo.distributed.builder import actor_on_ranks, build_actor, driver_holds_weights
+from dapo.distributed.rank_weights import RankWeights
 from dapo.errors import check_nonfinite
 from dapo.model.loader import build_policy
 from dapo.outputs.dumps import dump_batch, turn_keys
@@ -85,12 +86,16 @@ class Trainer:
         files = run_files(cfg, self.print)
         refuse_bad_data(cfg, files.train_files, files.val_files)  # before the model loads
         self.model_path = files.model_path
+        # with the actor on worker ranks and vLLM sampling, the weights live on the ranks (and in
+        # vLLM): the trainer's model is their layout, on the meta device (``rank_weights``)
+        self.rank_weights: RankWeights | None = None
         self.tokenizer, self.model, self.device = build_policy(
             cfg.actor_rollout_ref.model,
             path=files.model_path,
             tokenizer_path=files.tokenizer_path,
             device=tr.device,
             model_dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
+            weights=driver_holds_weights(cfg),
         )
         # made once the data and the model have loaded: a refused `dapo eval` (which takes no run
         # lock) leaves no directory behind
@@ -144,25 +149,32 @@ class Trainer:
         a, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
         self.settings = actor_settings_from_config(cfg)
         self.total_training_steps = int(cfg.trainer.total_training_steps)
+        # with worker ranks this optimizer only carries the LR schedule (never stepped, no state)
         self.optimizer, self.scheduler = build_optimizer(self.model, a.optim, self.total_training_steps)
         self.use_ref = bool(a.use_kl_loss or alg.use_kl_in_reward)
-        # the reference policy is the frozen initial weights; it costs nothing when no KL is used
+        on_ranks = actor_on_ranks(cfg)
+        # the reference policy is the frozen initial weights; it costs nothing when no KL is used,
+        # and with worker ranks each rank holds its own shards of it
         self.ref_model = None
-        if self.use_ref and dp_world_size(cfg) <= 1:
+        if self.use_ref and not on_ranks:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        holds_weights = driver_holds_weights(cfg)
         # one interface whether the actor runs here or on a worker group (processes or Ray)
         self.actor = build_actor(
             cfg,
             model_path=self.model_path,
             settings=self.settings,
-            actor=Actor(self.model, self.optimizer, self.settings),
+            actor=None if on_ranks else Actor(self.model, self.optimizer, self.settings),
             ref_model=self.ref_model,
             use_ref=self.use_ref,
             lr_source=self.optimizer,
-            rollout_model=self.model,
+            rollout_model=self.model if holds_weights else None,
             run_dir=self.run_dir,
             log=self.print,
         )
+        if not holds_weights:
+            self.rank_weights = RankWeights(self.actor, self.model)
+            self.rollout.use_weights(self.rank_weights)
         kl = alg.kl_ctrl
         self.kl_ctrl = (
             get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
@@ -369,6 +381,11 @@ class Trainer:
             )
         )
 
+    @property
+    def weights_writer(self) -> Callable[[Path], Any] | None:
+        """What writes the policy's Hugging Face files when the trainer holds no copy of it."""
+        return self.rank_weights.save_pretrained if self.rank_weights is not None else None
+
     def _generation_quiet(self) -> Any:
         """Async: the batcher's state held still while a checkpoint saves it."""
         return self.async_run.locked() if self.async_run is not None else nullcontext()
@@ -416,7 +433,9 @@ class Trainer:
         self.rollout.to_trainer()
         model_dir = None
         if tr.save_final_model and not tr.val_only and not self.stopped:
-            model_dir = save_model_dir(self.run_dir / "final_model", self.model, self.tokenizer)
+            model_dir = save_model_dir(
+                self.run_dir / "final_model", self.model, self.tokenizer, weights_writer=self.weights_writer
+            )
         previous = read_summary(self.run_dir)
         if (
             not tr.val_only

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from dapo.checkpoint.manifest import STATE_FILE, error_summary
 from dapo.checkpoint.store import CheckpointError, load_checkpoint, resume_checkpoint, save_checkpoint
+from dapo.distributed.actor_group import LocalActor
 from dapo.outputs.rundir import RunDirError, check_resume_config, config_snapshot, has_row, reconcile_rows
 from dapo.outputs.tracking import replay
 
@@ -51,7 +52,8 @@ def save_trainer(t: Trainer) -> None:
         scheduler=t.scheduler,
         trainer_state=trainer_state(t),
         max_to_keep=t.cfg.trainer.max_actor_ckpt_to_keep,
-        extra_writer=save_sharded if t.actor.world_size > 1 else None,
+        extra_writer=save_sharded if not isinstance(t.actor, LocalActor) else None,
+        weights_writer=t.weights_writer,
         log=t.print,
     )
 
@@ -83,7 +85,7 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> dict[s
     tr = t.cfg.trainer
     st = load_checkpoint(
         path,
-        t.model,
+        t.model if t.rank_weights is None else None,  # the ranks load their shards below
         t.optimizer,
         t.scheduler,
         generators={"rollout_generator": t.rollout.engine.generator},
@@ -101,8 +103,14 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> dict[s
                 "to a new directory"
             )
     dcp_dir = path / "actor" / "dcp"
+    if not isinstance(t.actor, LocalActor) and not dcp_dir.exists():
+        raise CheckpointError(
+            f"{path}: has no actor/dcp (the worker ranks' shards: it was written by an in-process "
+            "actor), so the ranks cannot load it; resume it with trainer.worker_backend=inprocess "
+            "and trainer.n_gpus_per_node=1"
+        )
     if dcp_dir.exists():  # saved by worker ranks; loads at any world size
-        if t.actor.world_size > 1:
+        if not isinstance(t.actor, LocalActor):
             t.actor.load_sharded(str(dcp_dir))
         else:
             from dapo.distributed.fsdp_worker import load_sharded
