@@ -213,6 +213,31 @@ def test_gpu_path_checkpoint_written_from_ranks(ranks, model_dir, tmp_path):
         assert filecmp.cmp(ref / f, out / f, shallow=False), f
 
 
+def test_gpu_path_server_fed_from_ranks_over_the_socket(ranks, model_dir):
+    """The server placement: the ranks' parameters, assembled one at a time, go over the socket
+    stream to the server's worker; its log-probs become the ranks' own, and the trainer's peak
+    (vLLM is in another process) rises by less than a quarter of the model."""
+    pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
+    from dapo.distributed.rank_weights import RankWeights
+    from dapo.rollout.vllm_rollout import VllmSettings
+    from dapo.rollout.vllm_server import VllmServerRollout
+    from fixtures.actor_helpers import rl_batch
+
+    layout = load_model_layout(model_dir)
+    weights = RankWeights(ranks, layout)
+    settings = VllmSettings.for_model("float32", 512, max_num_seqs=128, max_num_batched_tokens=2048)
+    server = VllmServerRollout(str(model_dir), [EOS], PAD, settings, seed=1)
+    try:
+        ranks.update_policy(rl_batch(layout.config.vocab_size, rows=8, seed=1))
+        assert _logprob_gap(server, ranks) > 1e-3
+        with PeakRss() as peak:
+            server.load_weights(weights.named_weights())
+        assert _logprob_gap(server, ranks) < 1e-3
+    finally:
+        server.shutdown()
+    assert peak.raised < 0.25 * trainable_bytes(layout), peak.raised / trainable_bytes(layout)
+
+
 # ------------------------------------------------------------------ the trainer
 
 
