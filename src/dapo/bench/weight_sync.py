@@ -1,5 +1,7 @@
-"""How much a weight sync raises the trainer's peak memory: FSDP ranks -> the trainer's rollout
-model (``DistributedActor.sync_weights``) -> vLLM (``update_weights``), in either placement.
+"""How much a weight sync raises the trainer's peak memory: FSDP ranks -> vLLM, one assembled
+parameter at a time (``dapo.distributed.rank_weights``: what the trainer does with actor ranks
+and vLLM, holding no copy of the policy), or, with ``driver_copy``, ranks -> a full copy in the
+trainer (``DistributedActor.sync_weights``) -> vLLM (``update_weights``), in either placement.
 
 The trainer's peak resident set is read from ``/proc/self/status`` (``VmHWM``) after resetting
 it (``/proc/self/clear_refs``), so each figure is the peak reached during that one call above
@@ -126,6 +128,11 @@ def scramble(model: torch.nn.Module) -> None:
             p.fill_(0.5)
 
 
+def resident_param_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's parameters that hold memory (not on the meta device)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+
+
 def measure_sync(
     model_dir: str | Path,
     placement: str,
@@ -133,24 +140,35 @@ def measure_sync(
     bucket_megabytes: float,
     repeats: int = 2,
     log: Any = print,
+    driver_copy: bool = False,
 ) -> dict[str, Any]:
     """Start ``ranks`` FSDP ranks (local processes) and a vLLM engine in ``placement`` on the
-    model, then sync ``repeats`` times; per sync, the trainer's peak raise of the ranks -> rollout
-    model part, of the rollout model -> vLLM part and of both, in bytes and as a share of the
-    model's size. Checks that the rollout model got the ranks' weights."""
+    model, then sync ``repeats`` times; per sync, the trainer's peak raise in bytes and as a
+    share of the model's size (with ``driver_copy``, also split into the ranks -> copy part and
+    the copy -> vLLM part), and the bytes of parameters the trainer holds. Checks that the
+    weights sent are the ranks'."""
     from dapo.actor.dp_actor import actor_settings
     from dapo.distributed import DistributedActor, ProcessWorkerGroup
     from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
-    from dapo.model.loader import load_model
+    from dapo.distributed.rank_weights import RankWeights
+    from dapo.model.loader import load_model, load_model_layout
     from dapo.rollout.vllm_rollout import VllmSettings
 
     settings = actor_settings(ppo_micro_batch_size_per_gpu=1)
-    rollout_model = load_model(model_dir).eval().requires_grad_(True)
-    size = trainable_bytes(rollout_model)
+    driver_model = (
+        load_model(model_dir).eval().requires_grad_(True) if driver_copy else load_model_layout(model_dir)
+    )
+    size = trainable_bytes(driver_model)
     group = ProcessWorkerGroup(
         worker_factory(WorkerSpec(model_path=str(model_dir), settings=settings)), ranks
     )
-    actor = DistributedActor(group, settings, rollout_model=rollout_model, bucket_megabytes=bucket_megabytes)
+    actor = DistributedActor(
+        group,
+        settings,
+        rollout_model=driver_model if driver_copy else None,
+        bucket_megabytes=bucket_megabytes,
+    )
+    stream = None if driver_copy else RankWeights(actor, driver_model)
     vs = VllmSettings.for_model("float32", 256, max_num_seqs=8, max_num_batched_tokens=256)
     if placement == "server":
         from dapo.rollout.vllm_server import VllmServerRollout
@@ -160,29 +178,37 @@ def measure_sync(
         from dapo.rollout.vllm_rollout import VllmRollout
 
         engine = VllmRollout(str(model_dir), [2], 0, vs, seed=0)
-    want = load_model(model_dir)
+    want = dict(load_model(model_dir).named_parameters())
     syncs = []
     try:
         for i in range(repeats):
-            scramble(rollout_model)
-            with PeakRss() as ranks_part:
-                actor.sync_weights()
-            with PeakRss() as vllm_part:
-                engine.update_weights(rollout_model)
-            # the whole sync's peak above its start (the second part starts where the first ended)
-            whole = max(ranks_part.raised, vllm_part.before + vllm_part.raised - ranks_part.before)
-            for n, p in want.named_parameters():
-                if not torch.equal(p, dict(rollout_model.named_parameters())[n]):
-                    raise AssertionError(f"sync {i}: {n} did not arrive")
-            syncs.append(
-                {
-                    "ranks_to_trainer": ranks_part.raised,
-                    "trainer_to_vllm": vllm_part.raised,
-                    "whole": whole,
-                    "ratio": whole / size,
-                    "rounds": actor.last_sync["perf/weight_sync_rounds"],
-                }
+            point: dict[str, Any] = {}
+            if stream is not None:
+                with PeakRss() as whole_part:
+                    engine.load_weights(stream.named_weights())
+                whole = whole_part.raised
+                for n, t in stream.named_weights():  # not measured: what was sent is the ranks'
+                    if n in want and not torch.equal(want[n], t):
+                        raise AssertionError(f"sync {i}: {n} is not the ranks'")
+            else:
+                scramble(driver_model)
+                with PeakRss() as ranks_part:
+                    actor.sync_weights()
+                with PeakRss() as vllm_part:
+                    engine.update_weights(driver_model)
+                # the whole sync's peak above its start (the second part starts where the first ended)
+                whole = max(ranks_part.raised, vllm_part.before + vllm_part.raised - ranks_part.before)
+                point.update(ranks_to_trainer=ranks_part.raised, trainer_to_vllm=vllm_part.raised)
+                for n, p in driver_model.named_parameters():
+                    if not torch.equal(p, want[n]):
+                        raise AssertionError(f"sync {i}: {n} did not arrive")
+            point.update(
+                whole=whole,
+                ratio=whole / size,
+                rounds=actor.last_sync["perf/weight_sync_rounds"],
+                driver_param_bytes=resident_param_bytes(driver_model),
             )
+            syncs.append(point)
             log(f"  sync {i}: peak raise {whole / 2**20:.1f} MiB = {whole / size:.3f} x model")
     finally:
         engine.shutdown()
@@ -191,7 +217,9 @@ def measure_sync(
         "placement": placement,
         "ranks": ranks,
         "bucket_megabytes": bucket_megabytes,
+        "driver_copy": driver_copy,
         "model_bytes": size,
+        "driver_param_bytes": resident_param_bytes(driver_model),
         "syncs": syncs,
         "max_ratio": max(s["ratio"] for s in syncs),
     }
