@@ -104,6 +104,31 @@ def test_gpu_path_streamed_model_dir_equals_save_pretrained(tmp_path):
     assert all(p.is_meta for p in layout.parameters())
 
 
+def test_gpu_path_assemble_parameters_from_pieces():
+    """Parameters come out whole as their last rows arrive (rows of two in flight at once, a
+    whole one passed through as it is, cast to the layout's dtype); a parameter with no elements
+    comes last, empty; one left incomplete, or a name the layout lacks, is refused."""
+    from dapo.distributed.weight_sync import assemble
+
+    a, b, c = torch.randn(4, 3), torch.randn(5), torch.tensor(2.0)
+    targets = {
+        "a": (torch.float32, a.shape),
+        "b": (torch.float64, b.shape),
+        "c": (torch.float32, c.shape),
+        "e": (torch.float32, torch.Size([0, 3])),
+    }
+    pieces = [("a", 2, a[2:]), ("b", 3, b[3:]), ("c", 0, c), ("a", 0, a[:2]), ("b", 0, b[:3])]
+    out = list(assemble(pieces, targets))
+    assert [n for n, _ in out] == ["c", "a", "b", "e"]
+    got = dict(out)
+    assert got["c"] is c and torch.equal(got["a"], a) and got["b"].dtype == torch.float64
+    assert torch.equal(got["b"], b.double()) and got["e"].shape == (0, 3)
+    with pytest.raises(KeyError, match=r"1 parameters incomplete, e.g. \['a'\]"):
+        list(assemble([("a", 0, a[:2])], {"a": targets["a"]}))
+    with pytest.raises(KeyError, match="the policy has no parameter x"):
+        list(assemble([("x", 0, a)], targets))
+
+
 # ------------------------------------------------------------------ ranks and vLLM
 
 
