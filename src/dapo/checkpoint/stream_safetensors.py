@@ -116,9 +116,6 @@ class StreamedSafetensors:
         self._pwrite(memoryview(self.layout.prefix), 0)
         os.ftruncate(self._fd, self.layout.size)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.layout.specs
-
     def _pwrite(self, view: memoryview, pos: int) -> None:
         assert self._fd is not None
         while len(view):
@@ -195,7 +192,13 @@ def _layout_only_saves(files: dict[str, StreamedSafetensors]) -> Iterator[None]:
             if t.device.type != "meta":
                 w.write_rows(n, 0, t)
 
-    original = modeling_utils.safe_save_file
+    original = getattr(modeling_utils, "safe_save_file", None)
+    if original is None:
+        raise RuntimeError(
+            "transformers.modeling_utils has no safe_save_file (a transformers version dapo does not "
+            "know): checkpoints cannot be written from the worker ranks; pin transformers to the "
+            "range in pyproject.toml"
+        )
     modeling_utils.safe_save_file = lay_out
     try:
         yield
