@@ -1,12 +1,15 @@
-"""Copy trained weights into the rollout model in place, one bounded piece at a time.
+"""Trained weights from the ranks, one bounded piece at a time: copied into the rollout model in
+place, or assembled into whole parameters one at a time (:func:`assemble`) for a driver that
+holds no copy (``dapo.distributed.rank_weights``).
 
 With FSDP ranks, each rank holds rows of every parameter (FSDP2 shards dim 0). A sync never
 gathers a whole model anywhere: every rank cuts its own rows into pieces, plans them into
 rounds of at most ``update_weights_bucket_megabytes / world`` bytes, and the driver asks all
 ranks for round ``i`` at once (no collective: each rank sends what it holds), copies the pieces
 into the rollout model's tensors at their row offsets and drops them before asking for the
-next round. The driver's memory grows by at most one bucket; rank 0 carries no more than any
-other rank. Ranks of an HSDP replica other than the first send nothing (they hold copies).
+next round (or passes them to :func:`assemble`). The driver's memory grows by at most one
+bucket (plus, assembling, the parameters whose rows are still arriving); rank 0 carries no more
+than any other rank. Ranks of an HSDP replica other than the first send nothing (they hold copies).
 
 The rollout model is updated in place, so engines that hold references to its tensors (the
 fast CPU engine re-fuses them at every ``generate``, vLLM reads them as views) see the new
