@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from dapo.distributed.weight_sync import RowCoverage
 
 # (tensor name, first row, the rows): what a worker rank sends (dapo.distributed.weight_sync)
 Piece = tuple[str, int, torch.Tensor]
@@ -111,10 +114,14 @@ class StreamedSafetensors:
     ):
         self.path = Path(path)
         self.layout = SafetensorsLayout(specs, metadata)
-        self.rows_seen = dict.fromkeys(self.layout.specs, 0)
+        self.rows_seen = {n: RowCoverage(_rows(shape)) for n, (_, shape) in self.layout.specs.items()}
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._pwrite(memoryview(self.layout.prefix), 0)
-        os.ftruncate(self._fd, self.layout.size)
+        try:
+            self._pwrite(memoryview(self.layout.prefix), 0)
+            os.ftruncate(self._fd, self.layout.size)
+        except BaseException:
+            self.close(check=False)
+            raise
 
     def _pwrite(self, view: memoryview, pos: int) -> None:
         assert self._fd is not None
@@ -134,12 +141,12 @@ class StreamedSafetensors:
             raise ValueError(
                 f"{self.path.name}: {name} rows {start}+{tuple(rows.shape)} do not fit its shape {shape}"
             )
+        self.rows_seen[name].add(f"{self.path.name}: {name}", start, k)
         data = rows.detach().to(device="cpu", dtype=dtype).contiguous().reshape(-1)
         view = memoryview(data.view(torch.uint8).numpy()) if data.numel() else memoryview(b"")
         self._pwrite(
             view, len(self.layout.prefix) + self.layout.offsets[name] + start * self.layout.row_bytes(name)
         )
-        self.rows_seen[name] += k
         return len(view)
 
     def close(self, check: bool = True) -> None:
@@ -153,7 +160,7 @@ class StreamedSafetensors:
         missing = [
             n
             for n, (_, shape) in self.layout.specs.items()
-            if self.rows_seen[n] < _rows(shape) and torch.Size(shape).numel() > 0
+            if not self.rows_seen[n].complete and torch.Size(shape).numel() > 0
         ]
         if missing:
             raise ValueError(f"{self.path.name}: {len(missing)} tensors incomplete, e.g. {missing[:3]}")
@@ -172,6 +179,10 @@ def saved_names(model: torch.nn.Module, names: Iterable[str]) -> dict[str, str]:
         if kept:
             out[aliases[0]] = kept[0]
     return out
+
+
+# the swap below is of a module global: two streamed saves at once would restore each other's
+_SWAP = threading.Lock()
 
 
 @contextmanager
@@ -199,11 +210,12 @@ def _layout_only_saves(files: dict[str, StreamedSafetensors]) -> Iterator[None]:
             "know): checkpoints cannot be written from the worker ranks; pin transformers to the "
             "range in pyproject.toml"
         )
-    modeling_utils.safe_save_file = lay_out
-    try:
-        yield
-    finally:
-        modeling_utils.safe_save_file = original
+    with _SWAP:
+        modeling_utils.safe_save_file = lay_out
+        try:
+            yield
+        finally:
+            modeling_utils.safe_save_file = original
 
 
 def save_pretrained_streamed(

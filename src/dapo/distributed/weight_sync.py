@@ -141,6 +141,25 @@ def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor])
     return load_pieces_into(model, ((n, 0, v) for n, v in state.items() if n in params))
 
 
+class RowCoverage:
+    """Which rows of a tensor of ``rows`` rows have arrived: a block that overlaps one already
+    written is refused (a count of rows alone would take a block twice for a missing one)."""
+
+    def __init__(self, rows: int):
+        self.seen = torch.zeros(max(rows, 1), dtype=torch.bool)
+        self.rows = rows
+
+    def add(self, what: str, start: int, k: int) -> None:
+        block = self.seen[start : start + k]
+        if bool(block.any()):
+            raise ValueError(f"{what}: rows {start}..{start + k - 1} arrived twice")
+        block.fill_(True)
+
+    @property
+    def complete(self) -> bool:
+        return self.rows == 0 or bool(self.seen[: self.rows].all())
+
+
 def assemble(
     pieces: Iterable[WeightPiece], targets: Mapping[str, tuple[torch.dtype, torch.Size]]
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -148,7 +167,7 @@ def assemble(
     last rows arrive and then forgotten: what is held at once is the parameters whose pieces are
     still arriving. A piece that is a whole parameter passes through without a copy. Parameters
     with no elements (never sent) come last, empty. Raises if a parameter stays incomplete."""
-    partial: dict[str, list] = {}  # name -> [the full tensor, rows written]
+    partial: dict[str, list] = {}  # name -> [the full tensor, its RowCoverage]
     done: set[str] = set()
     for name, start, rows in pieces:
         if name not in targets:
@@ -164,15 +183,15 @@ def assemble(
             continue
         entry = partial.get(name)
         if entry is None:
-            entry = partial[name] = [torch.empty(shape, dtype=dtype), 0]
+            entry = partial[name] = [torch.empty(shape, dtype=dtype), RowCoverage(need)]
         dst = entry[0] if len(shape) == 0 else entry[0][start : start + k]
         if dst.shape != rows.shape:
             raise ValueError(
                 f"weight sync: {name} rows {start}+{tuple(rows.shape)} do not fit {tuple(shape)}"
             )
+        entry[1].add(f"weight sync: {name}", start, k)
         dst.copy_(rows)
-        entry[1] += k
-        if entry[1] >= need:
+        if entry[1].complete:
             full = partial.pop(name)[0]
             done.add(name)
             yield name, full
