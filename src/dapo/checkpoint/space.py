@@ -63,7 +63,8 @@ def estimate_bytes(
     ranks also write their shards)."""
     if previous_bytes:
         return int(previous_bytes) + _FIXED_OVERHEAD
-    tensors: list[torch.Tensor] = list(model.state_dict().values())
+    # keep_vars: the parameters themselves, so a tied pair on the meta device (a layout) is one tensor
+    tensors: list[torch.Tensor] = list(model.state_dict(keep_vars=True).values())
     if optimizer is not None:
         for st in optimizer.state.values():
             tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]

@@ -66,8 +66,15 @@ def load_model_layout(
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelError(_load_failure(p, "model", e)) from None
-    if (p / "generation_config.json").exists():
-        model.generation_config = GenerationConfig.from_pretrained(str(p))
+    if model.can_generate():
+        # as from_pretrained reads it (the files it writes again must be the same): the directory's
+        # generation_config.json, else one made from the generation keys of its config.json
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(str(p), _from_auto=True)
+        except OSError:
+            model.generation_config = GenerationConfig.from_pretrained(
+                str(p), config_file_name="config.json", _from_auto=True, _from_model_config=True
+            )
     return model
 
 
