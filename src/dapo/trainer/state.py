@@ -104,10 +104,13 @@ def _load_trainer(t: Trainer, path: Path, warn: Callable[[str], None]) -> dict[s
             )
     dcp_dir = path / "actor" / "dcp"
     if not isinstance(t.actor, LocalActor) and not dcp_dir.exists():
-        raise CheckpointError(
-            f"{path}: has no actor/dcp (the worker ranks' shards: it was written by an in-process "
-            "actor), so the ranks cannot load it; resume it with trainer.worker_backend=inprocess "
-            "and trainer.n_gpus_per_node=1"
+        # not damage (older checkpoints would be tried in vain): a run written another way
+        raise RunDirError(
+            f"{path}: has no actor/dcp, the worker ranks' model and optimizer shards: it was written "
+            "with the actor in the trainer's process (or by an earlier dapo with one process-backend "
+            "rank, whose resume left the rank at its initial weights), so the ranks have nothing to "
+            "load; resume it with trainer.worker_backend=inprocess and trainer.n_gpus_per_node=1, or "
+            "set trainer.default_local_dir to a new directory"
         )
     if dcp_dir.exists():  # saved by worker ranks; loads at any world size
         if not isinstance(t.actor, LocalActor):
