@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from dapo.bench.weight_sync import PeakRss, save_random_model, trainable_bytes
+from dapo.checkpoint.space import estimate_bytes
 from dapo.checkpoint.stream_safetensors import StreamedSafetensors, save_pretrained_streamed
 from dapo.model.loader import load_model, load_model_layout
 
@@ -89,6 +90,8 @@ def test_gpu_path_streamed_model_dir_equals_save_pretrained(tmp_path):
     full = load_model(src)
     layout = load_model_layout(src)
     assert all(p.is_meta for p in layout.parameters())
+    # the checkpoint's disk-space estimate counts the tied table once on the layout too
+    assert estimate_bytes(None, layout, None) == estimate_bytes(None, full, None)
     for kw in ({}, {"max_shard_size": "8MB"}):
         ref, out = tmp_path / f"ref{len(kw)}", tmp_path / f"out{len(kw)}"
         full.save_pretrained(ref, safe_serialization=True, **kw)
@@ -102,6 +105,29 @@ def test_gpu_path_streamed_model_dir_equals_save_pretrained(tmp_path):
         for f in names:
             assert filecmp.cmp(ref / f, out / f, shallow=False), f
     assert all(p.is_meta for p in layout.parameters())
+
+
+@pytest.mark.parametrize(
+    "config_keys",
+    [{}, {"eos_token_id": [2, 7]}, {"temperature": 0.7, "top_p": 0.8, "max_length": 77, "do_sample": True}],
+    ids=["plain", "eos_list", "legacy_generation_keys"],
+)
+def test_gpu_path_layout_of_a_dir_without_generation_config_saves_the_same(tmp_path, config_keys):
+    """A model directory with no generation_config.json (and maybe generation keys left in its
+    config.json, as older checkpoints have): the layout takes its generation config as
+    from_pretrained does, so the directory written from it is save_pretrained's, file for file."""
+    src = save_random_model(tmp_path / "src", "small")
+    (src / "generation_config.json").unlink()
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, **config_keys}))
+    full, layout = load_model(src), load_model_layout(src)
+    assert layout.generation_config.to_diff_dict() == full.generation_config.to_diff_dict()
+    full.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    save_pretrained_streamed(layout, tmp_path / "out", _pieces(full))
+    names = sorted(os.listdir(tmp_path / "ref"))
+    assert names == sorted(os.listdir(tmp_path / "out"))
+    for f in names:
+        assert filecmp.cmp(tmp_path / "ref" / f, tmp_path / "out" / f, shallow=False), f
 
 
 def test_gpu_path_assemble_parameters_from_pieces():
@@ -127,6 +153,26 @@ def test_gpu_path_assemble_parameters_from_pieces():
         list(assemble([("a", 0, a[:2])], {"a": targets["a"]}))
     with pytest.raises(KeyError, match="the policy has no parameter x"):
         list(assemble([("x", 0, a)], targets))
+
+
+def test_gpu_path_a_block_sent_twice_is_refused_not_counted_for_a_missing_one(tmp_path):
+    """Rows 0-1 of a 4-row tensor twice and rows 2-3 never: a count of rows would call it
+    complete and hand on (or write) two rows never filled. Both the assembly and the streamed
+    file refuse the second copy."""
+    from dapo.distributed.weight_sync import assemble
+
+    a = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"a: rows 0\.\.1 arrived twice"):
+        list(assemble([("a", 0, a[:2]), ("a", 0, a[:2])], {"a": (torch.float32, a.shape)}))
+    w = StreamedSafetensors(tmp_path / "x.safetensors", {"a": (torch.float32, (4, 3))})
+    w.write_rows("a", 0, a[:2])
+    with pytest.raises(ValueError, match=r"rows 1\.\.2 arrived twice"):
+        w.write_rows("a", 1, a[1:3])
+    w.write_rows("a", 2, a[2:])
+    w.close()
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(tmp_path / "x.safetensors")["a"], a)
 
 
 # ------------------------------------------------------------------ ranks and vLLM
@@ -335,3 +381,33 @@ def test_gpu_path_trainer_holds_no_copy_and_resumes_exactly(tmp_path, tiny_hd32_
     assert metrics_by_step(resumed)[2] == metrics_by_step(run)[2]
     for f in ("model.safetensors", "config.json"):
         assert filecmp.cmp(run / "final_model" / f, resumed / "final_model" / f, shallow=False), f
+
+
+def test_gpu_path_a_checkpoint_without_rank_shards_is_refused_in_one_line(
+    tmp_path, tiny_hd32_model_dir, mod3_task
+):
+    """A checkpoint written with the actor in the trainer's process has no actor/dcp: resumed
+    with the actor on a worker rank it is refused as a run written another way (not as damage,
+    which would send the resume to older checkpoints and say "repair"), naming how to resume it."""
+    from dapo.outputs.rundir import RunDirError
+    from dapo.run_config import build_run_config
+    from dapo.trainer.loop import Trainer
+    from runs import small_run_args
+
+    run = tmp_path / "run"
+    first = small_run_args(run, tiny_hd32_model_dir, mod3_task, 1, "trainer.save_freq=1")
+    Trainer(build_run_config(first[1:]).cfg, lambda s: None).fit()
+    assert (run / "global_step_1").is_dir() and not (run / "global_step_1" / "actor" / "dcp").exists()
+    (run / "finished.json").unlink(missing_ok=True)
+    on_rank = small_run_args(
+        run,
+        tiny_hd32_model_dir,
+        mod3_task,
+        2,
+        "trainer.save_freq=1",
+        "trainer.worker_backend=process",
+        "trainer.n_gpus_per_node=1",
+    )
+    with pytest.raises(RunDirError, match=r"has no actor/dcp.*worker_backend=inprocess") as e:
+        Trainer(build_run_config(on_rank[1:]).cfg, lambda s: None).fit()
+    assert "damaged" not in str(e.value) and "\n" not in str(e.value)
