@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dapo.distributed.weight_sync import RowCoverage
+from dapo.checkpoint.rows import RowCoverage
 
 # (tensor name, first row, the rows): what a worker rank sends (dapo.distributed.weight_sync)
 Piece = tuple[str, int, torch.Tensor]

@@ -33,8 +33,6 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ import torch.distributed as dist
 
 from dapo.actor.dp_actor import Actor, ActorSettings, compute_log_prob
 from dapo.batch import Batch
+from dapo.model.meta import parameters_on_meta
 
 _LOSS_KEYS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
 _RANK0_KEYS = ("actor/grad_norm", "actor/lr", "actor/kl_coef")
@@ -387,25 +386,6 @@ class FSDPActorWorker:
                 dist.barrier()
             finally:
                 dist.destroy_process_group()
-
-
-@contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """Modules built inside get their parameters on the meta device (no memory) while buffers
-    stay real: rotary tables and other non-persistent buffers are computed at construction and
-    are in no checkpoint."""
-    register = torch.nn.Module.register_parameter
-
-    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        register(module, name, param)
-        if param is not None and param.device.type != "meta":
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def checkpoint_files(path: str) -> dict[str, str]:

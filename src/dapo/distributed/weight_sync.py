@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dapo.checkpoint.rows import RowCoverage
+
 # (parameter name, first row in the full parameter, the rows)
 WeightPiece = tuple[str, int, torch.Tensor]
 
@@ -139,25 +141,6 @@ def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor])
     if missing:
         raise KeyError(f"weight sync: {len(missing)} parameters missing, e.g. {missing[:3]}")
     return load_pieces_into(model, ((n, 0, v) for n, v in state.items() if n in params))
-
-
-class RowCoverage:
-    """Which rows of a tensor of ``rows`` rows have arrived: a block that overlaps one already
-    written is refused (a count of rows alone would take a block twice for a missing one)."""
-
-    def __init__(self, rows: int):
-        self.seen = torch.zeros(max(rows, 1), dtype=torch.bool)
-        self.rows = rows
-
-    def add(self, what: str, start: int, k: int) -> None:
-        block = self.seen[start : start + k]
-        if bool(block.any()):
-            raise ValueError(f"{what}: rows {start}..{start + k - 1} arrived twice")
-        block.fill_(True)
-
-    @property
-    def complete(self) -> bool:
-        return self.rows == 0 or bool(self.seen[: self.rows].all())
 
 
 def assemble(

@@ -57,7 +57,7 @@ def load_model_layout(
     whose weights live on worker ranks. Buffers (rotary tables) are real."""
     from transformers import AutoConfig, GenerationConfig
 
-    from dapo.distributed.fsdp_worker import parameters_on_meta
+    from dapo.model.meta import parameters_on_meta
 
     p = _check_dir(path)
     try:
