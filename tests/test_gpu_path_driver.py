@@ -353,6 +353,11 @@ def test_gpu_path_trainer_holds_no_copy_and_resumes_exactly(tmp_path, tiny_hd32_
     assert trainer.optimizer.state_dict()["state"] == {}
     rows = {r["step"]: r for r in live_rows(run)}
     assert rows[2]["timing_s/update_weights"] > 0
+    # the stream from the ranks is logged as the copy's sync was: the whole model, in rounds
+    model_mb = trainable_bytes(load_model(tiny_hd32_model_dir)) / 2**20
+    assert (
+        rows[2]["perf/weight_sync_mb"] == pytest.approx(model_mb) and rows[2]["perf/weight_sync_rounds"] >= 1
+    )
     assert all(rows[s]["rollout_corr/log_ppl_abs_diff"] < 1e-4 for s in (1, 2))
     for step in (1, 2):
         ckpt = run / f"global_step_{step}"

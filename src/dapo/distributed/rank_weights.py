@@ -65,6 +65,11 @@ class RankWeights:
     def version(self) -> int:
         return self.actor.weights_version
 
+    @property
+    def sync_metrics(self) -> dict[str, float]:
+        """``perf/weight_sync_s``, ``_mb`` and ``_rounds`` of the last stream from the ranks."""
+        return dict(self.actor.last_sync)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` for vLLM's loader, one parameter at a time."""
         from dapo.rollout.vllm_reload import trim_heap

@@ -66,6 +66,7 @@ class RolloutRunner:
         self.response_length = int(r.response_length)
         self.policy = model
         self.weights: WeightSource = ModelWeights(model)
+        self.sync_metrics: dict[str, float] = {}
         eos = tokenizer.eos_token_id
         gen_eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos_ids = [eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
@@ -145,7 +146,15 @@ class RolloutRunner:
         with timer("update_weights") if timer is not None else nullcontext():
             self.engine.load_weights(self.weights.named_weights())
         self.engine.synced_version = version
+        # the stream from the worker ranks (perf/weight_sync_*), when the weights come from there
+        self.sync_metrics = dict(getattr(self.weights, "sync_metrics", None) or {})
         return True
+
+    def take_sync_metrics(self) -> dict[str, float]:
+        """The last sync's ``perf/weight_sync_*`` since the previous call (empty when there was
+        none, or when the weights came from this process)."""
+        out, self.sync_metrics = self.sync_metrics, {}
+        return out
 
     def sync_weights(self, timer: Any = None) -> None:
         """Bring the sampler up to the policy's current weights: vLLM takes them once per change

@@ -334,6 +334,7 @@ class Trainer:
         metrics["actor/nonfinite_steps"] = float(self.actor.nonfinite_steps)
         metrics.update(compute_data_metrics(batch))
         metrics.update(compute_timing_metrics(batch, self.timer.raw))
+        metrics.update(self.rollout.take_sync_metrics())
         metrics["perf/cpu_time_per_step"] = time.process_time() - cpu0
         if not hasattr(self, "_peak_flops"):  # measured once per run (on a CPU it draws from torch's RNG)
             self._peak_flops = device_peak_flops(self.device, next(self.model.parameters()).dtype)
