@@ -185,18 +185,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ranks(model_dir):
-    from dapo.distributed import DistributedActor, ProcessWorkerGroup
-    from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
-    from fixtures.actor_helpers import LR, actor_settings
+    from fixtures.actor_helpers import LR, process_ranks
 
-    torch.set_num_threads(1)
-    s = actor_settings()
-    spec = WorkerSpec(model_path=str(model_dir), settings=s, lr=LR)
-    actor = DistributedActor(ProcessWorkerGroup(worker_factory(spec), 2), s, bucket_megabytes=BUCKET_MB)
-    try:
+    with process_ranks(model_dir, lr=LR, bucket_megabytes=BUCKET_MB) as actor:
         yield actor
-    finally:
-        actor.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,10 @@ import pytest
 import torch
 
 from dapo.bench.weight_sync import PeakRss, save_random_model, scramble, trainable_bytes
-from dapo.distributed import DistributedActor, ProcessWorkerGroup
-from dapo.distributed.fsdp_worker import WorkerSpec, worker_factory
 from dapo.distributed.weight_sync import PieceSpec, load_pieces_into, plan_rounds, round_pieces
 from dapo.model.loader import load_model
 from dapo.rollout.vllm_weight_stream import WeightReceiver, WeightSender, tensor_bytes
-from fixtures.actor_helpers import actor_settings
+from fixtures.actor_helpers import process_ranks
 
 BUCKET_MB = 8
 
@@ -28,14 +26,10 @@ def small_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_ranks(small_model_dir):
-    torch.set_num_threads(1)
-    s = actor_settings()
-    group = ProcessWorkerGroup(worker_factory(WorkerSpec(model_path=str(small_model_dir), settings=s)), 2)
-    actor = DistributedActor(group, s, rollout_model=load_model(small_model_dir), bucket_megabytes=BUCKET_MB)
-    try:
+    with process_ranks(
+        small_model_dir, rollout_model=load_model(small_model_dir), bucket_megabytes=BUCKET_MB
+    ) as actor:
         yield actor
-    finally:
-        actor.shutdown()
 
 
 def test_gpu_path_piece_plan_hand_computed():

@@ -262,18 +262,13 @@ class DistributedActor:
     def sync_weights(self) -> dict[str, float]:
         """Stream the trained weights from every rank into the rollout model in place, one round
         (at most one bucket over all ranks) at a time; see ``dapo.distributed.weight_sync``."""
-        t0 = time.perf_counter()
-        rounds = max(self.group.call_all("weight_rounds", self.bucket_megabytes))
-        nbytes, seen = 0, {}
-        for i in range(rounds):
-            # a helper's locals: the round's tensors are freed before the next round arrives
-            nbytes += self._load_round(self.group.call_all("weight_round", i), seen)
+        seen: dict[str, int] = {}
+        for piece in self.iter_pieces():
+            load_pieces_into(self.rollout_model, (piece,))
+            name, _, rows = piece
+            seen[name] = seen.get(name, 0) + (rows.shape[0] if rows.dim() else 1)
+            del piece, rows
         check_covered(self.rollout_model, seen)
-        self.last_sync = {
-            "perf/weight_sync_s": time.perf_counter() - t0,
-            "perf/weight_sync_mb": nbytes / 2**20,
-            "perf/weight_sync_rounds": float(rounds),
-        }
         return dict(self.last_sync)
 
     def iter_pieces(self) -> Iterator[WeightPiece]:
@@ -298,15 +293,6 @@ class DistributedActor:
             "perf/weight_sync_mb": nbytes / 2**20,
             "perf/weight_sync_rounds": float(rounds),
         }
-
-    def _load_round(self, per_rank: list[list], seen: dict[str, int]) -> int:
-        nbytes = 0
-        for pieces in per_rank:
-            nbytes += load_pieces_into(self.rollout_model, pieces)
-            for name, _, rows in pieces:
-                seen[name] = seen.get(name, 0) + (rows.shape[0] if rows.dim() else 1)
-        per_rank.clear()
-        return nbytes
 
     def save_sharded(self, path: str) -> None:
         self.group.call_all("save_sharded", str(path))
