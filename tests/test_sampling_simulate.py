@@ -14,6 +14,7 @@ import torch
 from dapo.config.load import ConfigError
 from dapo.config.sampling import FilterGroupsConfig
 from dapo.sampling.simulate import Population, default_strategies, format_table, register, run_all, simulate
+from dapo.sampling.skip import SkipPolicy
 
 torch.set_num_threads(1)
 
@@ -80,6 +81,42 @@ def test_the_skipper_keeps_covering_what_can_be_learned():
     assert ours["learnable_coverage"] >= max(0.85, 0.85 * verl["learnable_coverage"])
     assert ours["trained_reward_variance"] >= verl["trained_reward_variance"] > 0
     assert ours["coverage"]["never_rolled_out"] == 0 and ours["staleness_max"] <= 1
+
+
+class _SkipByIndex(SkipPolicy):
+    """Skips the given prompts once they have a history, whatever their groups said."""
+
+    def __init__(self, batcher, skipped: set[int]):
+        super().__init__(batcher.cfg, batcher.train_batch_size, batcher.n, batcher.rng, batcher.seed)
+        self.skipped = skipped
+
+    def _should_skip(self, idx, prob, max_updates, explore, version):
+        return idx in self.skipped and self.history.get(idx) is not None
+
+
+def test_a_replacement_skip_policy_decides_and_sees_the_runs_population():
+    # prompts 0 and 3 always have spread, 1 and 2 never; a policy that skips 1 and 2 after their
+    # first group rolls out only 0 and 3 after the first pass (every group kept), one that skips
+    # nothing rolls all four out (half kept)
+    pop = Population(np.array([0.0, -30.0, 30.0, 0.0]), np.zeros(4), np.zeros(4))
+    seen = []
+
+    def make(skipped):
+        def factory(batcher, population):
+            seen.append(population)
+            return _SkipByIndex(batcher, skipped)
+
+        return factory
+
+    cfg = default_strategies()["default"]
+    kw = dict(steps=6, train_batch_size=2, gen_batch_size=4, n=4, warmup_steps=2)
+    picky = simulate(cfg, pop, skip_policy=make({1, 2}), **kw)
+    none = simulate(cfg, pop, skip_policy=make(set()), **kw)
+    assert picky["qualified_ratio"] == 1.0 and picky["skipped_prompts"] > 0
+    assert none["qualified_ratio"] == 0.5 and none["skipped_prompts"] == 0
+    # the factory gets the copy the run trains, not the population handed in
+    assert seen[0] is not pop and seen[0].trained.sum() == picky["trained_groups"]
+    assert pop.trained.sum() == 0
 
 
 def test_a_stalled_strategy_is_stopped_and_said_so():

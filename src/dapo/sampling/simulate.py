@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from dapo.sampling.batcher import DynamicBatcher
 from dapo.sampling.coverage import C as COV
 from dapo.sampling.coverage import coverage_metrics
 from dapo.sampling.fakes import FakeGroupStream, FakeRollout, ListSource, bernoulli, prompt_rows
+from dapo.sampling.skip import SkipPolicy
 
 
 @dataclass
@@ -178,8 +180,12 @@ def simulate(
     seed: int = 0,
     warmup_steps: int | None = None,
     max_passes: float = 50.0,
+    skip_policy: Callable[[DynamicBatcher, Population], SkipPolicy] | None = None,
 ) -> dict[str, Any]:
     """One strategy on a fresh copy of ``population`` (its training moves the copy only).
+
+    ``skip_policy(batcher, population)``: a replacement for the batcher's skip policy, given the
+    copy the run trains (a measurement can so compare the rule with one that knows the truth).
 
     A step that draws more than ``max_passes`` times the pool's size (skipped draws included;
     0: no limit) stops the strategy: it has stopped finding prompts worth rolling out and spins
@@ -190,6 +196,8 @@ def simulate(
     num = len(pop.logits)
     source = _GuardedSource(prompt_rows(num), seed, int(max_passes * num))
     batcher = DynamicBatcher(cfg, train_batch_size, gen_batch_size, n, seed)
+    if skip_policy is not None:
+        batcher.skip = skip_policy(batcher, pop)
     rollout = FakeRollout(n, bernoulli(lambda row: pop.prob(row["index"], batcher.version)), seed=seed + 1)
     keys = [
         "train/num_gen_batches",
