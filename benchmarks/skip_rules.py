@@ -16,23 +16,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dapo.sampling.simulate import default_strategies, run_all
+from dapo.sampling.simulate import FIRST_RULE, default_strategies, run_all
 
 RULES: dict[str, dict[str, Any]] = {
-    # the default: uniform prior, slow decay, skip only on at least half a group's evidence
-    "posterior (default)": {},
+    # the default: every group through a shared model of the policy's improvement, the pool's
+    # prior over difficulty, two thresholds and a confirming second group
+    "trend (default)": {},
+    # the rule before it: Beta posterior, uniform prior, slow decay, skip only on at least half a
+    # group's evidence
+    "posterior": {"rule": "posterior"},
     # the same posterior, a prompt skipped when one draw from it predicts no spread
     "thompson": {"rule": "thompson"},
     # decay toward maximal uncertainty (uniform prior) but no minimum evidence weight
-    "uniform, no min evidence": {"min_evidence": 0.0},
+    "uniform, no min evidence": {"rule": "posterior", "min_evidence": 0.0},
     # the rule this project shipped first: Jeffreys' prior, fast decay, no evidence bounds
-    "old (Jeffreys, decay 0.85, 0.2)": {
-        "prior": [0.5, 0.5],
-        "decay": 0.85,
-        "threshold": 0.2,
-        "min_evidence": 0.0,
-        "max_evidence": 1e9,
-    },
+    "old (Jeffreys, decay 0.85, 0.2)": FIRST_RULE,
 }
 
 

@@ -58,7 +58,9 @@ def _scripted_batcher():
         6: [[0, 1, 0, 1]],
     }
     c = FilterGroupsConfig(
-        enable=True, adaptive_rounds=False, skip=SkipConfig(threshold=0.3, max_explore=0.0, decay=1.0)
+        enable=True,
+        adaptive_rounds=False,
+        skip=SkipConfig(rule="posterior", threshold=0.3, max_explore=0.0, decay=1.0),
     )
     b = DynamicBatcher(c, 2, 3, 4, 0)
     return b, ListSource(prompt_rows(7), shuffle=False), FakeRollout(4, scripted(table))

@@ -24,6 +24,7 @@ from dapo.checkpoint import store as checkpoint
 from dapo.config.sampling import AdaptiveThresholdConfig, FilterGroupsConfig, SkipConfig
 from dapo.sampling import DynamicBatcher, GenerationBudgetExhausted
 from dapo.sampling.fakes import FakeGroupStream, FakeRollout, ListSource, bernoulli, prompt_rows
+from dapo.sampling.simulate import FIRST_RULE
 
 torch.set_num_threads(1)
 P = "dynamic_sampling/"
@@ -48,19 +49,24 @@ def _prob(index: int, version: int) -> float:
 
 
 def cfg(**kw) -> FilterGroupsConfig:
-    base = {"enable": True, "metric": "acc"}
+    base = {"enable": True, "metric": "acc", "skip": POSTERIOR}
     base.update(kw)
     return FilterGroupsConfig(**base)
 
 
 # the skip rule before faded evidence meant "roll it out" (Jeffreys' prior, fast decay, no minimum
 # evidence): on these 48 prompts it is what takes the stream cases down their re-check and
-# surplus-drop paths; the default_* cases pin the current rule
-OLD_SKIP = {"prior": [0.5, 0.5], "decay": 0.85, "threshold": 0.2, "min_evidence": 0.0, "max_evidence": 1e9}
+# surplus-drop paths
+OLD_SKIP = FIRST_RULE
+# the posterior rule, the default before the trend rule: the default_* cases were pinned with it
+# and keep it, so their digests still pin the batcher's other paths unchanged; the *_trend cases
+# pin the trend rule (the default now)
+POSTERIOR = SkipConfig(rule="posterior")
 
 # name -> (config, train_batch_size, gen_batch_size, n, steps, next_batch options)
 CASES: dict[str, tuple] = {
-    "default_posterior": (cfg(skip=SkipConfig(recheck=0.3)), 4, 12, 4, 16, {}),
+    "default_posterior": (cfg(skip=SkipConfig(rule="posterior", recheck=0.3)), 4, 12, 4, 16, {}),
+    "default_trend": (cfg(skip=SkipConfig(recheck=0.3)), 4, 12, 4, 16, {}),
     "default_streak": (
         cfg(skip=SkipConfig(rule="streak", init_prob=0.6, revisit_epochs=2.0)),
         4,
@@ -104,6 +110,7 @@ CASES: dict[str, tuple] = {
         14,
         {"stream": True},
     ),
+    "stream_trend": (cfg(strategy="stream", skip=SkipConfig(recheck=0.3)), 4, 8, 4, 14, {"stream": True}),
     "stream_streak_budget": (
         cfg(strategy="stream", max_num_gen_batches=1, skip=SkipConfig(rule="streak", init_prob=0.6)),
         5,
@@ -131,6 +138,7 @@ CASES: dict[str, tuple] = {
 # which paths each case must take (metric summed over the run > 0)
 EXERCISED = {
     "default_posterior": ("skipped_prompts", "carried_in", "recheck_dropped", "filtered_all_correct"),
+    "default_trend": ("skipped_prompts", "carried_in", "recheck_dropped", "filtered_all_wrong"),
     "default_streak": ("skipped_prompts", "carried_in", "stale_dropped", "surplus_dropped"),
     "default_no_carry": ("skipped_prompts", "surplus_dropped"),
     "default_band_adaptive": ("filtered_out_of_band", "carried_in", "skipped_prompts"),
@@ -141,12 +149,14 @@ EXERCISED = {
     "verl_skip": ("skipped_step",),
     "unfiltered": ("trained_groups",),
     "stream_posterior": ("skipped_prompts", "drained_groups", "carried_in", "recheck_dropped"),
+    "stream_trend": ("skipped_prompts", "drained_groups", "carried_in"),
     "stream_streak_budget": ("skipped_prompts", "partial_step", "skipped_step"),
     "stream_fixed_rounds": ("drained_groups", "surplus_dropped"),
 }
 
 PINNED = {
     "default_posterior": "0e5ce7e7a901d670",
+    "default_trend": "1b7f5a8e0f7ae5ca",
     "default_streak": "0b228ea9f6fbb0b6",
     "default_no_carry": "cc83916fdce25532",
     "default_band_adaptive": "2f9e7ca6ee0e3760",
@@ -157,13 +167,21 @@ PINNED = {
     "verl_skip": "0ef2fa6aeefcb323",
     "unfiltered": "732472a24e392969",
     "stream_posterior": "6e1ebd04949dd8f1",
+    "stream_trend": "50cdeb25a0135a1a",
     "stream_streak_budget": "814dc336a561eea6",
     "stream_fixed_rounds": "576726a36da6012b",
     "errors": "6c0138550a8dc8a3",
 }
 
 # cases resumed from a checkpointed state mid-run (the resumed run must match the unbroken one)
-RESUMED = ("default_posterior", "default_streak", "default_band_adaptive", "stream_posterior")
+RESUMED = (
+    "default_posterior",
+    "default_trend",
+    "default_streak",
+    "default_band_adaptive",
+    "stream_posterior",
+    "stream_trend",
+)
 
 
 def canon(x):

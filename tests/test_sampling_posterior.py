@@ -119,7 +119,9 @@ def test_draw_terminates_when_every_prompt_is_skipped(num, k, unindexed, useful,
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
 
-    c = FilterGroupsConfig(enable=True, skip=SkipConfig(max_prob=0.999, max_explore=0.0, revisit_epochs=1000))
+    c = FilterGroupsConfig(
+        enable=True, skip=SkipConfig(rule="posterior", max_prob=0.999, max_explore=0.0, revisit_epochs=1000)
+    )
     b = DynamicBatcher(c, 1, k, 8, seed)
     for i in range(num):
         if i in useful:
@@ -147,7 +149,10 @@ def _draw_with_budget(max_explore: float) -> list[int]:
     from dapo.sampling.fakes import ListSource, prompt_rows
 
     c = FilterGroupsConfig(
-        enable=True, skip=SkipConfig(max_prob=0.0, init_prob=0.0, max_explore=max_explore, **JEFFREYS_02)
+        enable=True,
+        skip=SkipConfig(
+            rule="posterior", max_prob=0.0, init_prob=0.0, max_explore=max_explore, **JEFFREYS_02
+        ),
     )
     b = DynamicBatcher(c, 1, 10, 8, 0)
     for i in range(100):
@@ -199,7 +204,7 @@ def _recheck_run(recheck: float):
     # prompt 2 spreads once, then is all right: its carried group is stale evidence by step 2
     table = {0: [[0, 1]], 1: [[0, 1]], 2: [[0, 1], [1, 1]]}
     c = FilterGroupsConfig(
-        enable=True, adaptive_rounds=False, skip=SkipConfig(threshold=1.0, recheck=recheck)
+        enable=True, adaptive_rounds=False, skip=SkipConfig(rule="posterior", threshold=1.0, recheck=recheck)
     )
     b = DynamicBatcher(c, 2, 3, 2, 0)
     src, gen = ListSource(prompt_rows(3), shuffle=False), FakeRollout(2, scripted(table))
@@ -258,7 +263,11 @@ def test_a_skipped_pass_rolls_out_the_prompt_likeliest_to_spread():
     from dapo.sampling.fakes import ListSource, prompt_rows
 
     b = DynamicBatcher(
-        FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0, **JEFFREYS_02)), 1, 1, 8, 0
+        FilterGroupsConfig(enable=True, skip=SkipConfig(rule="posterior", max_explore=0.0, **JEFFREYS_02)),
+        1,
+        1,
+        8,
+        0,
     )
     for i, k in ((0, 8), (0, 8), (1, 0), (2, 7)):
         b.history.record(i, filtered=k in (0, 8), mean=k / 8, correct=k, n=8)
@@ -278,7 +287,9 @@ def test_later_draws_of_a_step_fill_from_a_skipped_pass_without_walking_the_pool
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
 
-    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 2, 8, 0)
+    b = DynamicBatcher(
+        FilterGroupsConfig(enable=True, skip=SkipConfig(rule="posterior", max_explore=0.0)), 1, 2, 8, 0
+    )
     for i in range(10):
         for _ in range(i + 1):
             b.history.record(i, filtered=True, mean=1.0, correct=8, n=8)
@@ -309,7 +320,9 @@ def test_a_carried_group_dropped_by_the_recheck_is_replaced_in_the_same_step():
         1: [[0, 1], [0, 0], [0, 0], [0, 1]],
         2: [[0, 1], [1, 1], [1, 1], [1, 1]],
     }
-    c = FilterGroupsConfig(enable=True, adaptive_rounds=False, skip=SkipConfig(threshold=1.0, recheck=0.6))
+    c = FilterGroupsConfig(
+        enable=True, adaptive_rounds=False, skip=SkipConfig(rule="posterior", threshold=1.0, recheck=0.6)
+    )
     b = DynamicBatcher(c, 2, 3, 2, 0)
     src, gen = ListSource(prompt_rows(3), shuffle=False), FakeRollout(2, scripted(table))
     assert b.next_batch(src, gen).metrics["dynamic_sampling/surplus_carried"] == 1
@@ -332,7 +345,9 @@ def test_a_pass_that_rolls_out_a_few_fills_the_round_from_the_pass_instead_of_wa
     from dapo.sampling import DynamicBatcher
     from dapo.sampling.fakes import ListSource, prompt_rows
 
-    b = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(max_explore=0.0)), 1, 4, 8, 0)
+    b = DynamicBatcher(
+        FilterGroupsConfig(enable=True, skip=SkipConfig(rule="posterior", max_explore=0.0)), 1, 4, 8, 0
+    )
     for i in range(9):
         for _ in range(i + 1):
             b.history.record(i, filtered=True, mean=1.0, correct=8, n=8)

@@ -13,14 +13,22 @@ import torch
 
 from dapo.config.load import ConfigError
 from dapo.config.sampling import FilterGroupsConfig
-from dapo.sampling.simulate import Population, default_strategies, format_table, register, run_all, simulate
+from dapo.sampling.simulate import (
+    FIRST_RULE,
+    Population,
+    default_strategies,
+    format_table,
+    register,
+    run_all,
+    simulate,
+)
 from dapo.sampling.skip import SkipPolicy
 
 torch.set_num_threads(1)
 
 # the skip rule's defaults before faded evidence meant "roll it out": decay toward Jeffreys'
 # prior, whose P(no spread in 8) of 0.39 is above the threshold
-OLD_RULE = {"prior": [0.5, 0.5], "decay": 0.85, "threshold": 0.2, "min_evidence": 0.0, "max_evidence": 1e9}
+OLD_RULE = FIRST_RULE
 
 
 def test_population_moves_with_training_and_drift():
@@ -108,7 +116,7 @@ def test_a_replacement_skip_policy_decides_and_sees_the_runs_population():
 
         return factory
 
-    cfg = default_strategies()["default"]
+    cfg = default_strategies({"rule": "posterior"})["default"]  # no confirmation rollouts
     kw = dict(steps=6, train_batch_size=2, gen_batch_size=4, n=4, warmup_steps=2)
     picky = simulate(cfg, pop, skip_policy=make({1, 2}), **kw)
     none = simulate(cfg, pop, skip_policy=make(set()), **kw)

@@ -41,7 +41,43 @@ ON_EXHAUSTED = ("error", "train", "skip")
 FILTER_RULES = ("zero_spread", "band")
 BUILTIN_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SHAPED_METRICS = ("seq_reward", "seq_final_reward")
-SKIP_RULES = ("posterior", "thompson", "streak")
+SKIP_RULES = ("trend", "posterior", "thompson", "streak")
+
+
+@dataclass
+class TrendConfig:
+    """``algorithm.filter_groups.skip.trend.*``: the ``trend`` skip rule (the default).
+
+    A prompt's solve logit is its own difficulty plus a gain per trained group of it plus a
+    drift per policy update, both shared by all prompts and fit every ``refit_every`` updates,
+    with the pool's prior over difficulty (``dapo.sampling.solve_model``). A prompt is skipped
+    when the chance ``q`` that its next group has no spread is at least ``threshold``, or, when
+    it was not rolled out for ``revisit_after`` updates, at least ``revisit_threshold``; never
+    on less than ``min_evidence`` groups' worth of (decayed) evidence. ``confirm`` rolls a
+    prompt whose first group had no spread out once more at the next policy version.
+    """
+
+    # skip a prompt rolled out within revisit_after updates whose P(no spread) is at least this
+    threshold: float = 0.1
+    # policy updates after its last rollout from which a prompt is judged by revisit_threshold
+    revisit_after: int = 60
+    # skip a prompt not rolled out for revisit_after updates only from this P(no spread) up
+    revisit_threshold: float = 0.65
+    # skip only on at least this many groups' worth of evidence (after decay)
+    min_evidence: float = 1.25
+    # per policy update, the factor on a group's worth as evidence for min_evidence (1: never
+    # fades); bounds how long after its last rollout a prompt can be skipped
+    decay: float = 0.998
+    # a prompt whose first group had no spread gets a second group at the next policy version
+    confirm: bool = True
+    # prior standard deviation of the logit gain per trained group of a prompt
+    gain_sd: float = 0.2
+    # prior standard deviation of the logit drift per policy update
+    drift_sd: float = 0.005
+    # refit the prior over difficulty, the gain and the drift every this many policy updates
+    refit_every: int = 10
+    # newest groups kept per prompt
+    max_groups: int = 16
 
 
 @dataclass
@@ -96,7 +132,7 @@ class SkipConfig:
     enable: bool = True
     # "posterior" (solve-rate posterior over all groups), "thompson" (one draw from it per prompt
     # and policy version) or "streak" (consecutive filtered groups)
-    rule: str = "posterior"
+    rule: str = "trend"
     # Beta prior [alpha, beta] of a prompt's solve rate (posterior and thompson rules)
     prior: list[float] = field(default_factory=lambda: [1.0, 1.0])
     # per policy update, the factor on a prompt's evidence beyond the prior (1: no forgetting)
@@ -125,6 +161,8 @@ class SkipConfig:
     min_evidence: float = 0.5
     # a posterior keeps at most this many groups' worth of evidence (posterior and thompson rules)
     max_evidence: float = 3.0
+    # the trend rule's keys
+    trend: TrendConfig = field(default_factory=TrendConfig)
 
 
 @dataclass
@@ -291,6 +329,7 @@ def validate(cfg: FilterGroupsConfig) -> list[str]:
             f"must not exceed skip.max_evidence={s.max_evidence} (nothing could be skipped), "
             f"got {s.min_evidence!r}",
         )
+    _validate_trend(s.trend, bad)
 
     if cfg.filter_rule not in FILTER_RULES:
         bad("filter_rule", f"must be one of {', '.join(FILTER_RULES)}, got {cfg.filter_rule!r}")
@@ -353,3 +392,32 @@ def metric_warnings(
             f"pass the filter; {KEY}.metric=acc filters on correctness"
         )
     return out
+
+
+def _validate_trend(t: TrendConfig, bad) -> None:
+    k = "skip.trend."
+    for name in ("threshold", "revisit_threshold"):
+        v = getattr(t, name)
+        if not _is_num(v) or not 0 < v <= 1:
+            bad(k + name, f"must be in (0, 1], got {v!r}")
+    if not _is_int(t.revisit_after) or t.revisit_after < 0:
+        bad(k + "revisit_after", f"must be an integer >= 0 (policy updates), got {t.revisit_after!r}")
+    if not _is_num(t.min_evidence) or t.min_evidence < 0:
+        bad(k + "min_evidence", f"must be a number >= 0 (groups' worth of evidence), got {t.min_evidence!r}")
+    if not _is_num(t.decay) or not 0 < t.decay <= 1:
+        bad(k + "decay", f"must be in (0, 1] (1: no forgetting), got {t.decay!r}")
+    if not isinstance(t.confirm, bool):
+        bad(k + "confirm", f"must be true or false, got {t.confirm!r}")
+    for name in ("gain_sd", "drift_sd"):
+        v = getattr(t, name)
+        if not _is_num(v) or v <= 0:
+            bad(k + name, f"must be a number > 0, got {v!r}")
+    if not _is_int(t.refit_every) or t.refit_every < 1:
+        bad(k + "refit_every", f"must be an integer >= 1 (policy updates), got {t.refit_every!r}")
+    if not _is_int(t.max_groups) or t.max_groups < 1:
+        bad(k + "max_groups", f"must be an integer >= 1, got {t.max_groups!r}")
+    elif _is_num(t.min_evidence) and t.min_evidence > t.max_groups:
+        bad(
+            k + "min_evidence",
+            f"must not exceed skip.trend.max_groups={t.max_groups} (nothing could be skipped), got {t.min_evidence!r}",
+        )

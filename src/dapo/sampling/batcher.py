@@ -152,7 +152,7 @@ class DynamicBatcher(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact resume: JSON-able apart from the pool's tensors (which a
         checkpoint stores in a binary file) when the rows' non-tensor values are."""
-        return {
+        state = {
             "version": self.version,
             "calls": self.calls,
             "uid_counter": self.uid_counter,
@@ -165,6 +165,9 @@ class DynamicBatcher(Sampler):
             "warned": sorted(self._warned),
             "trained_counts": {str(k): v for k, v in self.trained_counts.items()},
         }
+        if self.skip.trend is not None:  # the trend rule's model (absent under the other rules)
+            state["trend"] = self.skip.trend.state_dict()
+        return state
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.version = int(d["version"])
@@ -178,4 +181,8 @@ class DynamicBatcher(Sampler):
         self.pool = GroupPool.from_state_dict(d["pool"])
         self._warned = set(d.get("warned", []))
         # checkpoints from before the coverage figures: counting starts again at the resume
-        self.trained_counts = {int(k): int(v) for k, v in d.get("trained_counts", {}).items()}
+        # in place: the skip policy reads the same dict
+        self.trained_counts.clear()
+        self.trained_counts.update({int(k): int(v) for k, v in d.get("trained_counts", {}).items()})
+        if self.skip.trend is not None and d.get("trend") is not None:
+            self.skip.trend.load_state_dict(d["trend"])

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from dapo.config.load import ConfigError
-from dapo.config.sampling import FilterGroupsConfig, SkipConfig, validate
+from dapo.config.sampling import FilterGroupsConfig, SkipConfig, TrendConfig, validate
 from dapo.sampling.batcher import DynamicBatcher
 from dapo.sampling.coverage import C as COV
 from dapo.sampling.coverage import coverage_metrics
@@ -120,7 +120,11 @@ class Population:
 def default_strategies(skip: dict[str, Any] | None = None) -> dict[str, FilterGroupsConfig]:
     """verl mode, ours and ours without each of its parts; ``skip`` overrides ``skip.*`` keys of
     every strategy that skips."""
-    sk = dataclasses.replace(SkipConfig(), **(skip or {}))
+    flat = {k: v for k, v in (skip or {}).items() if not k.startswith("trend.")}
+    nested = {k.removeprefix("trend."): v for k, v in (skip or {}).items() if k.startswith("trend.")}
+    sk = dataclasses.replace(SkipConfig(), **flat)
+    if nested:
+        sk = dataclasses.replace(sk, trend=dataclasses.replace(sk.trend, **nested))
     base = FilterGroupsConfig(enable=True, metric="acc", on_exhausted="train", skip=sk)
     return {
         "verl": dataclasses.replace(base, strategy="verl"),
@@ -135,7 +139,8 @@ def default_strategies(skip: dict[str, Any] | None = None) -> dict[str, FilterGr
 def _skip_override(text: str) -> tuple[str, Any]:
     """``--skip KEY=VALUE``: a ``skip.*`` key and its value (a JSON number or list, else a string)."""
     key, sep, raw = text.partition("=")
-    fields = [f.name for f in dataclasses.fields(SkipConfig)]
+    fields = [f.name for f in dataclasses.fields(SkipConfig) if f.name != "trend"]
+    fields += ["trend." + f.name for f in dataclasses.fields(TrendConfig)]
     if not sep or key not in fields:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected KEY=VALUE with KEY one of algorithm.filter_groups.skip.{{{','.join(fields)}}}"
@@ -146,6 +151,18 @@ def _skip_override(text: str) -> tuple[str, Any]:
         value = raw
     return key, value
 
+
+# the skip rule this project shipped first (Jeffreys' prior, fast decay toward it, no evidence
+# bounds): on a pool larger than a few batches it stops visiting most prompts, which the
+# simulator must be able to show (benchmarks and tests run it as ``--skip`` overrides)
+FIRST_RULE: dict[str, Any] = {
+    "rule": "posterior",
+    "prior": [0.5, 0.5],
+    "decay": 0.85,
+    "threshold": 0.2,
+    "min_evidence": 0.0,
+    "max_evidence": 1e9,
+}
 
 LEARNABLE = 0.5  # true P(spread) at which a prompt counts as learnable (learnable_coverage)
 

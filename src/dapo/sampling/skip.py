@@ -16,6 +16,7 @@ import numpy as np
 
 from dapo.config.sampling import FilterGroupsConfig
 from dapo.sampling.history import PromptHistory
+from dapo.sampling.trend import TrendModel
 
 
 class PromptSource(Protocol):
@@ -26,9 +27,19 @@ class PromptSource(Protocol):
 
 class SkipPolicy:
     def __init__(
-        self, cfg: FilterGroupsConfig, train_batch_size: int, n: int, rng: np.random.Generator, seed: int = 0
+        self,
+        cfg: FilterGroupsConfig,
+        train_batch_size: int,
+        n: int,
+        rng: np.random.Generator,
+        seed: int = 0,
+        trained: dict[int, int] | None = None,
     ):
         self.cfg = cfg
+        # trained groups per prompt, kept by the sampler (the trend rule's model reads it)
+        self.trained = {} if trained is None else trained
+        self.trend = TrendModel(cfg.skip.trend, n) if cfg.skip.rule == "trend" else None
+        self._first_rows: dict[int, dict] = {}  # rows of first rollouts, until their group is seen
         self.seed = int(seed)  # the Thompson rule's draws are a function of (seed, prompt, version)
         self.train_batch_size = train_batch_size
         self.n = n
@@ -88,6 +99,10 @@ class SkipPolicy:
         budget = math.floor(sc.max_explore * k + self.rng.random()) if sc.rule == "posterior" else 0
         chosen: list[dict] = []
         skipped = 0
+        if self.trend is not None:
+            self.trend.maybe_refit(version)
+            if sc.trend.confirm:
+                chosen += self.trend.due_confirmations(version, k)
         if self.skipped_pass is not None and self.skipped_pass[0] == version and self.skipped_pass[1]:
             rest = self.skipped_pass[1]
             filled = self._fill(rest, k, version)
@@ -131,15 +146,28 @@ class SkipPolicy:
                     budget -= self.history.explored
                     if self.skipped_pass is not None:  # rolled out now: not again from the pass
                         self.skipped_pass[1].pop(idx, None)
+        if self.trend is not None and sc.trend.confirm:
+            for row in chosen:
+                i = row.get("index")
+                if i is not None and not self.trend.seen(int(i)):
+                    self._first_rows.setdefault(int(i), row)
         return chosen, skipped
+
+    def zero_spread_prob(self, idx: int, version: int) -> float:
+        """P(the prompt's next group has no spread) under the rule's model of it."""
+        if self.trend is not None:
+            return self.trend.zero_spread_prob(idx, version, self.trained.get(int(idx), 0))
+        return self.history.zero_spread_prob(idx, version, self.n)
 
     def _fill(self, passed: dict[int, dict], need: int, version: int) -> list[int]:
         """The ``need`` skipped prompts likeliest to spread (ties: in the order they were drawn,
         which ``sorted`` keeps)."""
-        return sorted(passed, key=lambda i: self.history.zero_spread_prob(i, version, self.n))[:need]
+        return sorted(passed, key=lambda i: self.zero_spread_prob(i, version))[:need]
 
     def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool, version: int) -> bool:
         sc = self.cfg.skip
+        if self.trend is not None:
+            return self._should_skip_trend(idx, max_updates, explore, version)
         if sc.rule == "posterior":
             return self.history.should_skip_posterior(
                 idx,
@@ -165,23 +193,56 @@ class SkipPolicy:
             rng=self.rng,
         )
 
+    def _should_skip_trend(self, idx: int, max_updates: int, explore: bool, version: int) -> bool:
+        """The trend rule (:meth:`TrendModel.skips`), with the revisit bound and the exploring
+        rollout of the posterior rule; never a prompt without a graded group."""
+        h = self.history
+        h.explored = False
+        rec = h.get(idx)
+        if rec is None or h.due(idx, version, max_updates) or not self.trend.seen(idx):
+            return False
+        skip, q, threshold = self.trend.skips(
+            idx, version=version, last_rollout=rec.seen, trained=self.trained.get(int(idx), 0)
+        )
+        if not skip:
+            return False
+        # draw for every candidate (even when exploring is off) so that the stream depends on the history alone
+        if (
+            self.rng.random() < (1.0 - self.cfg.skip.max_prob) * (1.0 - q) / max(1.0 - threshold, 1e-12)
+            and explore
+        ):
+            h.explored = True
+            return False
+        rec.skips += 1
+        rec.total_skips += 1
+        return True
+
     def observe(
         self, idx: int, *, filtered: bool, mean: float, correct: float | None, n: int, version: int
     ) -> None:
         """A group of prompt ``idx`` rolled out at policy ``version``: ``correct`` of its ``n``
         responses right (None: ungraded), ``mean`` its filter metric's mean."""
         self.history.record(idx, filtered=filtered, mean=mean, correct=correct, n=n, version=version)
+        if self.trend is None or correct is None or n <= 0:
+            return
+        first = not self.trend.seen(idx)
+        self.trend.record(
+            idx, correct=float(correct), n=int(n), version=int(version), trained=self.trained.get(int(idx), 0)
+        )
+        row = self._first_rows.pop(int(idx), None)
+        if first and filtered and row is not None and self.cfg.skip.trend.confirm:
+            self.trend.confirm_later(idx, row, version)
 
     def solved_since(self, index: int | None, gen_version: int, version: int) -> bool:
         """A carried group (generated at ``gen_version``) whose prompt's newer groups say the next
         one would have no spread."""
         sc = self.cfg.skip
-        if not self.active or sc.rule != "posterior" or index is None or sc.recheck >= 1:
+        if not self.active or sc.rule not in ("posterior", "trend") or index is None or sc.recheck >= 1:
             return False
         rec = self.history.get(index)
         if rec is None or rec.version <= gen_version:  # no evidence newer than the group itself
             return False
-        return self.history.zero_spread_prob(index, version, self.n) >= sc.recheck
+        return self.zero_spread_prob(index, version) >= sc.recheck
 
     def adapt(self, kept_rate: float) -> None:
         """The streak rule's controller, after a round: compare the smoothed filtered fraction

@@ -76,8 +76,8 @@ class Sampler:
         self.calls = 0  # next_batch calls so far
         self.uid_counter = 0
         self.pool = GroupPool()
-        self.skip = SkipPolicy(cfg, self.train_batch_size, self.n, self.rng, self.seed)
         self.trained_counts: dict[int, int] = {}  # trained groups per prompt (default and stream)
+        self.skip = SkipPolicy(cfg, self.train_batch_size, self.n, self.rng, self.seed, self.trained_counts)
         self.kept_rate: float | None = None
         lo, hi = (float(x) for x in cfg.band)
         self.band_center = (lo + hi) / 2

@@ -1,0 +1,164 @@
+"""The solve-rate model of skip rule ``trend``, pure functions on a grid of solve logits.
+
+Prompt ``i``'s chance that a response is right, at policy version ``v`` after ``T`` of its own
+groups were trained, is ``sigmoid(theta_i + gamma * T + delta * v)``: a per-prompt difficulty
+``theta_i`` and two effects shared by all prompts, the gain from training on the prompt itself
+(``gamma``, per trained group) and the drift from training on anything (``delta``, per policy
+update). All of a prompt's groups so inform ``theta_i``, each seen through the shift in force
+when it was generated, and its next group is predicted at today's shift; the Beta rule
+(:mod:`dapo.sampling.posterior`) can only discount old groups, so it keeps a few groups'
+worth and mistakes a prompt that is being learnt for one that is not.
+
+``theta_i`` lives on a fixed grid (:data:`GRID`). Its prior is *learnt from the pool*
+(empirical Bayes, the grid's weights re-estimated as the average posterior of every prompt
+seen): on a pool where most prompts are nearly always or nearly never solved, one group of ``n``
+without spread is then strong evidence, and a prompt whose groups look middling is pulled
+toward where the pool's middling prompts are. ``gamma`` and ``delta`` are fit by maximum a
+posteriori over every prompt's groups (Newton steps on the marginal likelihood, ``theta_i``
+integrated out on the grid) under zero-mean normal priors, so a run without revisits yet keeps
+them near zero. Old groups are not discounted here: the shift says how the prompt has moved
+since. How much evidence a prompt holds for a skip, and for how long, is
+:func:`evidence`'s business (decayed per update, which bounds how long a prompt can be skipped).
+
+A group is stored as ``(trained, version, correct, n)``: the prompt's trained groups and the
+policy version when it was generated, its right responses and its size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GRID = np.linspace(-12.0, 12.0, 241)  # solve logits theta; 0.1 apart
+
+
+def log_sigmoid(z: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -z)
+
+
+def flat_log_prior() -> np.ndarray:
+    """The prior before the pool has said anything: uniform in the solve rate (``Beta(1, 1)``),
+    i.e. ``p (1 - p)`` in the logit, normalised on the grid."""
+    lp = log_sigmoid(GRID) + log_sigmoid(-GRID)
+    return lp - np.logaddexp.reduce(lp)
+
+
+def group_loglik(correct: float, n: float, shift: float) -> np.ndarray:
+    """Log-likelihood over :data:`GRID` of ``correct`` right of ``n`` at logit ``theta + shift``
+    (the binomial coefficient dropped: it does not depend on theta)."""
+    z = GRID + shift
+    return correct * log_sigmoid(z) + (n - correct) * log_sigmoid(-z)
+
+
+def prompt_loglik(groups: np.ndarray, gamma: float, delta: float) -> np.ndarray:
+    """A prompt's log-likelihood over :data:`GRID` from its ``groups`` (rows ``(trained, version,
+    correct, n)``), each at the shift ``gamma * trained + delta * version`` of its generation."""
+    g = np.asarray(groups, dtype=np.float64).reshape(-1, 4)
+    z = GRID[None, :] + (gamma * g[:, 0] + delta * g[:, 1])[:, None]
+    return (g[:, 2, None] * log_sigmoid(z) + (g[:, 3] - g[:, 2])[:, None] * log_sigmoid(-z)).sum(0)
+
+
+def evidence(groups: np.ndarray, decay: float, version: int) -> float:
+    """Responses' worth of evidence the groups hold at ``version`` after decay."""
+    g = np.asarray(groups, dtype=np.float64).reshape(-1, 4)
+    return float((decay ** (version - g[:, 1]) * g[:, 3]).sum())
+
+
+def predict_zero_spread(loglik: np.ndarray, log_prior: np.ndarray, shift: float, n: int) -> float:
+    """P(the next group of ``n`` has no spread): the posterior ``log_prior + loglik`` over theta,
+    each theta's chance ``p^n + (1-p)^n`` at ``p = sigmoid(theta + shift)``."""
+    if n <= 1:
+        return 1.0
+    lw = log_prior + loglik
+    w = np.exp(lw - lw.max())
+    p = 1.0 / (1.0 + np.exp(-(GRID + shift)))
+    return float(min(1.0, (w * (p**n + (1.0 - p) ** n)).sum() / w.sum()))
+
+
+@dataclass(frozen=True)
+class Fit:
+    gamma: float
+    delta: float
+    log_prior: np.ndarray
+
+
+def fit(
+    groups: list[np.ndarray],
+    prev: Fit,
+    *,
+    gain_sd: float,
+    drift_sd: float,
+    steps: int = 2,
+) -> Fit:
+    """Refit the prior and the shared effects to every prompt's ``groups`` (one array per
+    prompt), starting from ``prev``: per step one empirical-Bayes update of the prior (the mean
+    posterior over the prompts) and one Newton step on ``(gamma, delta)`` with backtracking
+    (the marginal log-likelihood, theta integrated out on the grid, plus the normal priors'
+    log density; ``gamma, delta >= 0``: training does not make prompts harder on average)."""
+    if not groups:
+        return prev
+    sizes = np.array([len(g) for g in groups])
+    g = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1, 4) for x in groups])
+    owner = np.repeat(np.arange(len(groups)), sizes)
+    t, v, k, n = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
+    gamma, delta, log_prior = prev.gamma, prev.delta, prev.log_prior
+
+    def per_prompt(ga: float, de: float) -> tuple[np.ndarray, np.ndarray]:
+        z = GRID[None, :] + (ga * t + de * v)[:, None]
+        ll = k[:, None] * log_sigmoid(z) + (n - k)[:, None] * log_sigmoid(-z)
+        out = np.zeros((len(groups), GRID.size))
+        np.add.at(out, owner, ll)
+        return out, z
+
+    def objective(ga: float, de: float, lp: np.ndarray) -> float:
+        L = per_prompt(ga, de)[0] + lp
+        m = L.max(1)
+        marginal = float((m + np.log(np.exp(L - m[:, None]).sum(1))).sum())
+        return marginal - 0.5 * ((ga / gain_sd) ** 2 + (de / drift_sd) ** 2)
+
+    for _ in range(steps):
+        L, z = per_prompt(gamma, delta)
+        L = L + log_prior
+        post = np.exp(L - L.max(1, keepdims=True))
+        post /= post.sum(1, keepdims=True)
+        prior = post.mean(0) + 1e-12
+        log_prior = np.log(prior / prior.sum())
+        # the score and curvature of each group's log-likelihood in (gamma, delta), per theta;
+        # the marginal's Hessian is E[curvature] - Var[score] under each prompt's posterior
+        L = per_prompt(gamma, delta)[0] + log_prior
+        post = np.exp(L - L.max(1, keepdims=True))
+        post /= post.sum(1, keepdims=True)
+        s = 1.0 / (1.0 + np.exp(-z))
+        resid = k[:, None] - n[:, None] * s
+        curv = n[:, None] * s * (1.0 - s)
+        acc = np.zeros((5, len(groups), GRID.size))
+        for j, term in enumerate(
+            (
+                t[:, None] * resid,
+                v[:, None] * resid,
+                t[:, None] ** 2 * curv,
+                (t * v)[:, None] * curv,
+                v[:, None] ** 2 * curv,
+            )
+        ):
+            np.add.at(acc[j], owner, term)
+        s1, s2 = (post * acc[0]).sum(1), (post * acc[1]).sum(1)
+        grad = np.array([s1.sum() - gamma / gain_sd**2, s2.sum() - delta / drift_sd**2])
+        h11 = (post * acc[2]).sum() - ((post * acc[0] ** 2).sum(1) - s1**2).sum() + 1 / gain_sd**2
+        h12 = (post * acc[3]).sum() - ((post * acc[0] * acc[1]).sum(1) - s1 * s2).sum()
+        h22 = (post * acc[4]).sum() - ((post * acc[1] ** 2).sum(1) - s2**2).sum() + 1 / drift_sd**2
+        hess = np.array([[h11, h12], [h12, h22]])
+        low = np.linalg.eigvalsh(hess).min()
+        if low <= 0:  # far from the optimum the marginal need not be concave: damp the step
+            hess = hess + (abs(low) + 1e-3 * abs(hess).max()) * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        base = objective(gamma, delta, log_prior)
+        size = 1.0
+        while size > 1e-3:
+            ga, de = max(0.0, gamma + size * step[0]), max(0.0, delta + size * step[1])
+            if objective(ga, de, log_prior) > base:
+                gamma, delta = ga, de
+                break
+            size /= 2
+    return Fit(float(gamma), float(delta), log_prior)
