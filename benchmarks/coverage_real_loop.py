@@ -11,7 +11,9 @@ every tier including ``beyond``):
                  (``benchmarks/offline_filter.py``; the pass's tokens and time count against it)
   verl_tuned     strategy=verl on the whole pool, data.gen_batch_size sized to the same pass's
                  kept rate: ceil(train_batch_size / kept_rate * --margin) (its cost counts too)
-  ours           strategy=default (carry-over, adaptive rounds, solve-rate skipping)
+  ours           strategy=default (carry-over, adaptive rounds) with the Beta-posterior skip rule
+                 (skip.rule=posterior, the default when the kept records were made)
+  ours_trend     strategy=default with the trend skip rule (skip.rule=trend, the default now)
   ours_noskip    strategy=default with algorithm.filter_groups.skip.enable=false
   grpo           no filtering (algorithm.filter_groups.enable=false), gen_batch_size equal to
                  train_batch_size so a step trains as many prompts as the others
@@ -65,7 +67,8 @@ ARMS: dict[str, list[str]] = {
     "verl": VERL,
     "verl_filtered": VERL,
     "verl_tuned": VERL,
-    "ours": ["algorithm.filter_groups.strategy=default"],
+    "ours": ["algorithm.filter_groups.strategy=default", "algorithm.filter_groups.skip.rule=posterior"],
+    "ours_trend": ["algorithm.filter_groups.strategy=default", "algorithm.filter_groups.skip.rule=trend"],
     "ours_noskip": ["algorithm.filter_groups.strategy=default", "algorithm.filter_groups.skip.enable=false"],
     "grpo": ["algorithm.filter_groups.enable=false", "data.gen_batch_size=${data.train_batch_size}"],
 }

@@ -44,6 +44,17 @@ def test_population_moves_with_training_and_drift():
     assert fresh.logits is pop.logits
 
 
+def test_a_saturating_training_effect_shrinks_per_trained_group():
+    # gain 0.6, saturation 2: T = 1, 2, 6 trained groups move the logit by 0.6 * T * 2 / (2 + T)
+    pop = Population(np.zeros(1), np.zeros(1), np.array([0.6]), saturation=2.0)
+    moved = []
+    for t in (1, 1, 4):
+        pop.train(np.zeros(t, dtype=np.int64))
+        moved.append(float(pop.logit(0)[0]))
+    assert moved == pytest.approx([0.6 * 2 / 3, 0.6 * 4 / 4, 0.6 * 12 / 8])
+    assert pop.fresh().saturation == 2.0 and pop.prob(0, 0) == pytest.approx(1 / (1 + math.exp(-0.9)))
+
+
 def test_learnable_coverage_is_counted_against_the_truth():
     # prompts 0 and 3 always have spread (p = 0.5), 1 and 2 never (p ~ 0 and ~ 1), nothing moves.
     # One group is trained per step and one step follows the warm-up: 2 learnable prompts, one of

@@ -84,7 +84,10 @@ class TrendConfig:
 class SkipConfig:
     """``algorithm.filter_groups.skip.*``: skip prompts before rollout from their history.
 
-    ``rule: posterior`` (the default): every prompt keeps a Beta posterior of its solve rate over
+    ``rule: trend`` (the default) has its keys under ``trend`` (:class:`TrendConfig`); of the keys
+    here it uses ``recheck``, ``revisit_epochs`` and ``enable``.
+
+    ``rule: posterior``: every prompt keeps a Beta posterior of its solve rate over
     all its groups (prior ``prior``; the evidence decays by ``decay`` per policy update, so old
     groups count less as the policy moves). A prompt whose posterior holds at least
     ``min_evidence`` groups' worth of evidence and puts the probability ``q`` that its next group
@@ -130,8 +133,9 @@ class SkipConfig:
 
     # skip prompts whose recent groups were all filtered (strategy default only)
     enable: bool = True
-    # "posterior" (solve-rate posterior over all groups), "thompson" (one draw from it per prompt
-    # and policy version) or "streak" (consecutive filtered groups)
+    # "trend" (every group through a shared model of the policy's improvement; keys under trend),
+    # "posterior" (Beta solve-rate posterior over all groups), "thompson" (one draw from it per
+    # prompt and policy version) or "streak" (consecutive filtered groups)
     rule: str = "trend"
     # Beta prior [alpha, beta] of a prompt's solve rate (posterior and thompson rules)
     prior: list[float] = field(default_factory=lambda: [1.0, 1.0])

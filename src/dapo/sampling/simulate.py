@@ -61,6 +61,9 @@ class Population:
     drift: np.ndarray
     gain: np.ndarray
     trained: np.ndarray = dataclasses.field(default=None)  # type: ignore[assignment]
+    # > 0: the training effect saturates, gain * T becomes gain * T * s / (s + T) (each trained
+    # group moves the prompt less than the one before; at most gain * s in all)
+    saturation: float = 0.0
 
     def __post_init__(self) -> None:
         if self.trained is None:
@@ -76,6 +79,7 @@ class Population:
         max_drift: float = 0.005,
         gain: tuple[float, float] = (0.05, 0.2),
         seed: int = 0,
+        saturation: float = 0.0,
     ) -> Population:
         """``easy`` of the prompts are nearly always solved (logit U(3.5, 6)), ``hard`` nearly never
         (U(-7, -4)), the rest in between (U(-1.5, 1.5)); each drifts up by U(0, max_drift) logits
@@ -91,17 +95,26 @@ class Population:
         )
         drift = rng.uniform(0.0, max_drift, num_prompts)
         gains = rng.uniform(gain[0], gain[1], num_prompts)
-        return cls(logits, drift, gains)
+        return cls(logits, drift, gains, saturation=saturation)
 
     def fresh(self) -> Population:
         """The same population with nothing trained yet (each strategy starts from it)."""
-        return Population(self.logits, self.drift, self.gain)
+        return Population(self.logits, self.drift, self.gain, saturation=self.saturation)
+
+    def effect(self, trained: np.ndarray | int) -> np.ndarray | float:
+        """The training effect's count: ``T``, or ``T * s / (s + T)`` when it saturates."""
+        s = self.saturation
+        return trained if s <= 0 else trained * s / (s + trained)
 
     def logit(self, version: int) -> np.ndarray:
-        return self.logits + self.drift * version + self.gain * self.trained
+        return self.logits + self.drift * version + self.gain * self.effect(self.trained)
 
     def prob(self, index: int, version: int) -> float:
-        x = self.logits[index] + self.drift[index] * version + self.gain[index] * self.trained[index]
+        x = (
+            self.logits[index]
+            + self.drift[index] * version
+            + self.gain[index] * self.effect(self.trained[index])
+        )
         return 1.0 / (1.0 + math.exp(-x))
 
     def spread_prob(self, n: int, version: int) -> np.ndarray:
@@ -342,8 +355,11 @@ def run_all(
     seed: int = 0,
     strategies: dict[str, FilterGroupsConfig] | None = None,
     max_passes: float = 50.0,
+    saturation: float = 0.0,
 ) -> dict[str, Any]:
-    pop = Population.synthetic(num_prompts, easy=easy, hard=hard, max_drift=max_drift, gain=gain, seed=seed)
+    pop = Population.synthetic(
+        num_prompts, easy=easy, hard=hard, max_drift=max_drift, gain=gain, seed=seed, saturation=saturation
+    )
     strategies = strategies or default_strategies()
     out = {
         name: simulate(
@@ -370,6 +386,7 @@ def run_all(
             "hard_fraction": hard,
             "max_drift": max_drift,
             "gain": list(gain),
+            "saturation": saturation,
             "max_passes": max_passes,
             "seed": seed,
             "no_spread_fraction_start": round(pop.no_spread_fraction(n, 0), 4),
@@ -451,6 +468,14 @@ def _add_args(p: argparse.ArgumentParser) -> None:
         metavar=("LOW", "HIGH"),
         help="logit gain per trained group of the prompt itself, U(LOW, HIGH)",
     )
+    p.add_argument(
+        "--saturation",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="> 0: a prompt's training effect saturates, gain * T becomes gain * T * S / (S + T) "
+        "(a dynamic the trend rule's linear model does not have; default 0: linear)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--max-passes",
@@ -486,6 +511,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_passes=args.max_passes,
         strategies=strategies,
+        saturation=args.saturation,
     )
     if args.json:
         print(json.dumps(result, indent=2))

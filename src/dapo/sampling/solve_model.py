@@ -83,6 +83,38 @@ class Fit:
     log_prior: np.ndarray
 
 
+# prompts per block of the fit: its arrays hold about BLOCK x groups per prompt x grid floats, so a
+# pool of any size is fit in bounded memory
+BLOCK = 256
+
+
+def _blocks(groups: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+    """``(trained, version, correct, n, owner)`` columns per block of prompts (``owner``: the
+    prompt's row within its block)."""
+    out = []
+    for start in range(0, len(groups), BLOCK):
+        part = [np.asarray(x, dtype=np.float64).reshape(-1, 4) for x in groups[start : start + BLOCK]]
+        g = np.concatenate(part)
+        owner = np.repeat(np.arange(len(part)), [len(x) for x in part])
+        out.append((g[:, 0], g[:, 1], g[:, 2], g[:, 3], owner))
+    return out
+
+
+def _loglik(block: tuple[np.ndarray, ...], ga: float, de: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt of the block, the log-likelihood over the grid; and each group's logits."""
+    t, v, k, n, owner = block
+    z = GRID[None, :] + (ga * t + de * v)[:, None]
+    ll = k[:, None] * log_sigmoid(z) + (n - k)[:, None] * log_sigmoid(-z)
+    out = np.zeros((int(owner[-1]) + 1, GRID.size))
+    np.add.at(out, owner, ll)
+    return out, z
+
+
+def _posterior(L: np.ndarray) -> np.ndarray:
+    post = np.exp(L - L.max(1, keepdims=True))
+    return post / post.sum(1, keepdims=True)
+
+
 def fit(
     groups: list[np.ndarray],
     prev: Fit,
@@ -98,57 +130,51 @@ def fit(
     log density; ``gamma, delta >= 0``: training does not make prompts harder on average)."""
     if not groups:
         return prev
-    sizes = np.array([len(g) for g in groups])
-    g = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1, 4) for x in groups])
-    owner = np.repeat(np.arange(len(groups)), sizes)
-    t, v, k, n = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
+    blocks = _blocks(groups)
     gamma, delta, log_prior = prev.gamma, prev.delta, prev.log_prior
 
-    def per_prompt(ga: float, de: float) -> tuple[np.ndarray, np.ndarray]:
-        z = GRID[None, :] + (ga * t + de * v)[:, None]
-        ll = k[:, None] * log_sigmoid(z) + (n - k)[:, None] * log_sigmoid(-z)
-        out = np.zeros((len(groups), GRID.size))
-        np.add.at(out, owner, ll)
-        return out, z
-
     def objective(ga: float, de: float, lp: np.ndarray) -> float:
-        L = per_prompt(ga, de)[0] + lp
-        m = L.max(1)
-        marginal = float((m + np.log(np.exp(L - m[:, None]).sum(1))).sum())
+        marginal = 0.0
+        for b in blocks:
+            L = _loglik(b, ga, de)[0] + lp
+            m = L.max(1)
+            marginal += float((m + np.log(np.exp(L - m[:, None]).sum(1))).sum())
         return marginal - 0.5 * ((ga / gain_sd) ** 2 + (de / drift_sd) ** 2)
 
     for _ in range(steps):
-        L, z = per_prompt(gamma, delta)
-        L = L + log_prior
-        post = np.exp(L - L.max(1, keepdims=True))
-        post /= post.sum(1, keepdims=True)
-        prior = post.mean(0) + 1e-12
+        mass = np.zeros(GRID.size)
+        for b in blocks:
+            mass += _posterior(_loglik(b, gamma, delta)[0] + log_prior).sum(0)
+        prior = mass / len(groups) + 1e-12
         log_prior = np.log(prior / prior.sum())
         # the score and curvature of each group's log-likelihood in (gamma, delta), per theta;
         # the marginal's Hessian is E[curvature] - Var[score] under each prompt's posterior
-        L = per_prompt(gamma, delta)[0] + log_prior
-        post = np.exp(L - L.max(1, keepdims=True))
-        post /= post.sum(1, keepdims=True)
-        s = 1.0 / (1.0 + np.exp(-z))
-        resid = k[:, None] - n[:, None] * s
-        curv = n[:, None] * s * (1.0 - s)
-        acc = np.zeros((5, len(groups), GRID.size))
-        for j, term in enumerate(
-            (
-                t[:, None] * resid,
-                v[:, None] * resid,
-                t[:, None] ** 2 * curv,
-                (t * v)[:, None] * curv,
-                v[:, None] ** 2 * curv,
-            )
-        ):
-            np.add.at(acc[j], owner, term)
-        s1, s2 = (post * acc[0]).sum(1), (post * acc[1]).sum(1)
-        grad = np.array([s1.sum() - gamma / gain_sd**2, s2.sum() - delta / drift_sd**2])
-        h11 = (post * acc[2]).sum() - ((post * acc[0] ** 2).sum(1) - s1**2).sum() + 1 / gain_sd**2
-        h12 = (post * acc[3]).sum() - ((post * acc[0] * acc[1]).sum(1) - s1 * s2).sum()
-        h22 = (post * acc[4]).sum() - ((post * acc[1] ** 2).sum(1) - s2**2).sum() + 1 / drift_sd**2
-        hess = np.array([[h11, h12], [h12, h22]])
+        grad = np.array([-gamma / gain_sd**2, -delta / drift_sd**2])
+        hess = np.diag([1 / gain_sd**2, 1 / drift_sd**2])
+        for b in blocks:
+            t, v, k, n, owner = b
+            L, z = _loglik(b, gamma, delta)
+            post = _posterior(L + log_prior)
+            s = 1.0 / (1.0 + np.exp(-z))
+            resid = k[:, None] - n[:, None] * s
+            curv = n[:, None] * s * (1.0 - s)
+            acc = np.zeros((5, post.shape[0], GRID.size))
+            for j, term in enumerate(
+                (
+                    t[:, None] * resid,
+                    v[:, None] * resid,
+                    t[:, None] ** 2 * curv,
+                    (t * v)[:, None] * curv,
+                    v[:, None] ** 2 * curv,
+                )
+            ):
+                np.add.at(acc[j], owner, term)
+            s1, s2 = (post * acc[0]).sum(1), (post * acc[1]).sum(1)
+            grad += [s1.sum(), s2.sum()]
+            h11 = (post * acc[2]).sum() - ((post * acc[0] ** 2).sum(1) - s1**2).sum()
+            h12 = (post * acc[3]).sum() - ((post * acc[0] * acc[1]).sum(1) - s1 * s2).sum()
+            h22 = (post * acc[4]).sum() - ((post * acc[1] ** 2).sum(1) - s2**2).sum()
+            hess += [[h11, h12], [h12, h22]]
         low = np.linalg.eigvalsh(hess).min()
         if low <= 0:  # far from the optimum the marginal need not be concave: damp the step
             hess = hess + (abs(low) + 1e-3 * abs(hess).max()) * np.eye(2)
