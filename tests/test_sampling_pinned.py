@@ -156,7 +156,7 @@ EXERCISED = {
 
 PINNED = {
     "default_posterior": "0e5ce7e7a901d670",
-    "default_trend": "1b7f5a8e0f7ae5ca",
+    "default_trend": "b2ef5cfdabd174c3",
     "default_streak": "0b228ea9f6fbb0b6",
     "default_no_carry": "cc83916fdce25532",
     "default_band_adaptive": "2f9e7ca6ee0e3760",
@@ -167,7 +167,7 @@ PINNED = {
     "verl_skip": "0ef2fa6aeefcb323",
     "unfiltered": "732472a24e392969",
     "stream_posterior": "6e1ebd04949dd8f1",
-    "stream_trend": "50cdeb25a0135a1a",
+    "stream_trend": "c361bc0e25bf61c6",
     "stream_streak_budget": "814dc336a561eea6",
     "stream_fixed_rounds": "576726a36da6012b",
     "errors": "6c0138550a8dc8a3",

@@ -36,9 +36,10 @@ def test_group_loglik_and_evidence_by_hand():
     assert ll[i] == pytest.approx(3 * math.log(p) + 5 * math.log(1 - p))
     groups = np.array([[0, 0, 8, 8], [2, 10, 4, 8]])
     assert sm.evidence(groups, 0.9, 10) == pytest.approx(8 * 0.9**10 + 8)
-    # prompt_loglik sums each group's log-likelihood at its own shift gamma*T + delta*v
+    # prompt_loglik sums each group's log-likelihood at the shift from its time to the newest
+    # group's: the older group saw the prompt 0.3 * 2 + 0.01 * 10 logits lower
     both = sm.prompt_loglik(groups, 0.3, 0.01)
-    assert both == pytest.approx(sm.group_loglik(8, 8, 0.0) + sm.group_loglik(4, 8, 0.3 * 2 + 0.01 * 10))
+    assert both == pytest.approx(sm.group_loglik(8, 8, -(0.3 * 2 + 0.01 * 10)) + sm.group_loglik(4, 8, 0.0))
 
 
 def test_prediction_of_a_known_rate_is_the_point_formula():
@@ -136,6 +137,22 @@ def test_a_prompt_is_never_skipped_past_its_horizon(outcomes, decay, min_evidenc
             assert m.evidence_groups(3, at) >= min_evidence
 
 
+def test_a_long_run_keeps_the_prompt_inside_the_grid():
+    # a drift of 0.005 per update over 3000 updates is 15 logits, more than the grid's half-width:
+    # a prompt seen half right twice at that point is still predicted to spread, and a prompt
+    # seen all wrong twice is still predicted hopeless, as at the start of a run
+    m = _model()
+    m.fitted = sm.Fit(0.0, 0.005, sm.flat_log_prior())
+    for v0 in (0, 3000):
+        for i, k in ((1, 4), (2, 0)):
+            m.record(i + v0, correct=k, n=8, version=v0, trained=0)
+            m.record(i + v0, correct=k, n=8, version=v0 + 1, trained=0)
+        assert m.zero_spread_prob(1 + v0, v0 + 2, 0) < 0.1
+        assert m.skips(1 + v0, version=v0 + 2, last_rollout=v0 + 1, trained=0)[0] is False
+        assert m.zero_spread_prob(2 + v0, v0 + 2, 0) > 0.65
+    assert m.zero_spread_prob(3001, 3002, 0) == pytest.approx(m.zero_spread_prob(1, 2, 0))
+
+
 def test_the_revisit_threshold_applies_after_revisit_after_updates():
     m = _model(threshold=0.1, revisit_threshold=0.65, revisit_after=60, min_evidence=1.0)
     for v in (0, 1):  # 7 of 8 twice: q about 0.3 under the flat prior
@@ -205,3 +222,34 @@ def test_trend_keys_are_validated_by_name():
     assert any("skip.trend.threshold" in p for p in problems)
     assert any("skip.trend.refit_every" in p for p in problems)
     assert any("skip.trend.min_evidence" in p and "max_groups" in p for p in problems)
+
+
+def test_keys_the_rule_in_force_does_not_read_are_named():
+    from dapo.config.sampling import skip_rule_warnings
+
+    assert skip_rule_warnings(FilterGroupsConfig()) == []
+    (line,) = skip_rule_warnings(FilterGroupsConfig(enable=True, skip=SkipConfig(threshold=0.5, decay=0.9)))
+    assert "skip.decay, algorithm.filter_groups.skip.threshold: not read" in line and "rule=trend" in line
+    (line,) = skip_rule_warnings(
+        FilterGroupsConfig(enable=True, skip=SkipConfig(rule="posterior", trend=TrendConfig(threshold=0.2)))
+    )
+    assert "skip.trend.threshold" in line and "rule=posterior" in line
+    assert (
+        skip_rule_warnings(FilterGroupsConfig(enable=True, strategy="verl", skip=SkipConfig(threshold=0.5)))
+        == []
+    )
+
+
+def test_a_checkpoint_of_another_rule_resumes_under_trend_with_a_warning(caplog):
+    probs = [0.0, 0.5, 1.0, 0.5] * 4
+    old = DynamicBatcher(FilterGroupsConfig(enable=True, skip=SkipConfig(rule="posterior")), 2, 4, 8, 0)
+    src = ListSource(prompt_rows(16), shuffle=False)
+    gen = FakeRollout(8, bernoulli(lambda r: probs[r["index"]]), seed=2)
+    old.next_batch(src, gen)
+    state = json.loads(json.dumps({k: v for k, v in old.state_dict().items() if k != "pool"}))
+    state["pool"] = old.state_dict()["pool"]
+    new = DynamicBatcher(FilterGroupsConfig(enable=True), 2, 4, 8, 0)
+    with caplog.at_level("WARNING"):
+        new.load_state_dict(state)
+    assert any("saved under another skip rule" in r.getMessage() for r in caplog.records)
+    assert new.skip.trend is not None and not new.skip.trend.groups

@@ -31,6 +31,7 @@ train_batch_size`` the step trains on ``gen_batch_size * n`` trajectories).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -425,3 +426,25 @@ def _validate_trend(t: TrendConfig, bad) -> None:
             k + "min_evidence",
             f"must not exceed skip.trend.max_groups={t.max_groups} (nothing could be skipped), got {t.min_evidence!r}",
         )
+
+
+def skip_rule_warnings(cfg: FilterGroupsConfig) -> list[str]:
+    """Skip keys set away from their defaults that the skip rule in force does not read."""
+    s = cfg.skip
+    if not (cfg.enable and s.enable) or cfg.strategy == "verl":
+        return []
+    base = SkipConfig()
+    if s.rule == "trend":
+        unused = ("prior", "decay", "threshold", "min_evidence", "max_evidence", "max_explore", "max_prob")
+        unused += ("target", "min_streak", "init_prob", "prob_step")
+        changed = [k for k in unused if getattr(s, k) != getattr(base, k)]
+    else:
+        names = [f.name for f in dataclasses.fields(TrendConfig)]
+        changed = [f"trend.{k}" for k in names if getattr(s.trend, k) != getattr(base.trend, k)]
+    if not changed:
+        return []
+    keys = ", ".join(f"{KEY}.skip.{k}" for k in changed)
+    return [
+        f"{keys}: not read by {KEY}.skip.rule={s.rule} (the rule in force); set the rule that reads them "
+        "or drop them"
+    ]

@@ -299,6 +299,7 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
             f"linearly from 0, so step 1's policy update runs at lr 0 (the weights do not move) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
             "(verl's warmup); set lr_warmup_steps=0 to start at the full rate"
         )
+    out.extend(sampling_cfg.skip_rule_warnings(fg))
     out.extend(
         sampling_cfg.metric_warnings(
             fg,

@@ -20,6 +20,7 @@ probability, :mod:`dapo.sampling.skip`; the trained groups per prompt behind the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,8 @@ from dapo.sampling.strategies.base import (
     verl_exhausted_message,
 )
 from dapo.sampling.stream import GroupStream
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DynamicBatcher",
@@ -186,3 +189,11 @@ class DynamicBatcher(Sampler):
         self.trained_counts.update({int(k): int(v) for k, v in d.get("trained_counts", {}).items()})
         if self.skip.trend is not None and d.get("trend") is not None:
             self.skip.trend.load_state_dict(d["trend"])
+        elif self.skip.trend is not None and d["history"]:
+            log.warning(
+                "%s.skip.rule=trend, but the checkpoint was saved under another skip rule: the trend "
+                "model starts empty, so every prompt seen before is rolled out again (and confirmed "
+                "when its group has no spread); set %s.skip.rule to the checkpoint's rule to keep it",
+                KEY,
+                KEY,
+            )

@@ -105,7 +105,7 @@ class SkipPolicy:
                 chosen += self.trend.due_confirmations(version, k)
         if self.skipped_pass is not None and self.skipped_pass[0] == version and self.skipped_pass[1]:
             rest = self.skipped_pass[1]
-            filled = self._fill(rest, k, version)
+            filled = self._fill(rest, k - len(chosen), version)
             chosen += [rest.pop(i) for i in filled]
             self.spread_skips.difference_update(filled)
         passed: dict[int, dict] = {}  # skipped in this pass
@@ -167,7 +167,7 @@ class SkipPolicy:
     def _should_skip(self, idx: int, prob: float, max_updates: int, explore: bool, version: int) -> bool:
         sc = self.cfg.skip
         if self.trend is not None:
-            return self._should_skip_trend(idx, max_updates, explore, version)
+            return self._should_skip_trend(idx, max_updates, version)
         if sc.rule == "posterior":
             return self.history.should_skip_posterior(
                 idx,
@@ -193,29 +193,22 @@ class SkipPolicy:
             rng=self.rng,
         )
 
-    def _should_skip_trend(self, idx: int, max_updates: int, explore: bool, version: int) -> bool:
-        """The trend rule (:meth:`TrendModel.skips`), with the revisit bound and the exploring
-        rollout of the posterior rule; never a prompt without a graded group."""
+    def _should_skip_trend(self, idx: int, max_updates: int, version: int) -> bool:
+        """The trend rule (:meth:`TrendModel.skips`) under the revisit bound; never a prompt
+        without a graded group. No exploring rollouts: the revisit threshold brings back every
+        prompt whose evidence is not confident."""
         h = self.history
         h.explored = False
         rec = h.get(idx)
         if rec is None or h.due(idx, version, max_updates) or not self.trend.seen(idx):
             return False
-        skip, q, threshold = self.trend.skips(
+        skip = self.trend.skips(
             idx, version=version, last_rollout=rec.seen, trained=self.trained.get(int(idx), 0)
-        )
-        if not skip:
-            return False
-        # draw for every candidate (even when exploring is off) so that the stream depends on the history alone
-        if (
-            self.rng.random() < (1.0 - self.cfg.skip.max_prob) * (1.0 - q) / max(1.0 - threshold, 1e-12)
-            and explore
-        ):
-            h.explored = True
-            return False
-        rec.skips += 1
-        rec.total_skips += 1
-        return True
+        )[0]
+        if skip:
+            rec.skips += 1
+            rec.total_skips += 1
+        return skip
 
     def observe(
         self, idx: int, *, filtered: bool, mean: float, correct: float | None, n: int, version: int
@@ -223,14 +216,16 @@ class SkipPolicy:
         """A group of prompt ``idx`` rolled out at policy ``version``: ``correct`` of its ``n``
         responses right (None: ungraded), ``mean`` its filter metric's mean."""
         self.history.record(idx, filtered=filtered, mean=mean, correct=correct, n=n, version=version)
-        if self.trend is None or correct is None or n <= 0:
+        if self.trend is None:
+            return
+        row = self._first_rows.pop(int(idx), None)
+        if correct is None or n <= 0:
             return
         first = not self.trend.seen(idx)
-        self.trend.record(
-            idx, correct=float(correct), n=int(n), version=int(version), trained=self.trained.get(int(idx), 0)
-        )
-        row = self._first_rows.pop(int(idx), None)
-        if first and filtered and row is not None and self.cfg.skip.trend.confirm:
+        trained = self.trained.get(int(idx), 0)
+        self.trend.record(idx, correct=float(correct), n=int(n), version=int(version), trained=trained)
+        # confirm a first group without spread (all right or all wrong), whatever the filter's rule
+        if first and correct in (0, n) and row is not None and self.cfg.skip.trend.confirm:
             self.trend.confirm_later(idx, row, version)
 
     def solved_since(self, index: int | None, gen_version: int, version: int) -> bool:

@@ -1,11 +1,14 @@
 """The solve-rate model of skip rule ``trend``, pure functions on a grid of solve logits.
 
 Prompt ``i``'s chance that a response is right, at policy version ``v`` after ``T`` of its own
-groups were trained, is ``sigmoid(theta_i + gamma * T + delta * v)``: a per-prompt difficulty
-``theta_i`` and two effects shared by all prompts, the gain from training on the prompt itself
-(``gamma``, per trained group) and the drift from training on anything (``delta``, per policy
-update). All of a prompt's groups so inform ``theta_i``, each seen through the shift in force
-when it was generated, and its next group is predicted at today's shift; the Beta rule
+groups were trained, is ``sigmoid(theta_i + gamma * (T - T_i) + delta * (v - v_i))``: ``theta_i``
+the prompt's solve logit when its newest group was generated (at version ``v_i``, ``T_i`` trained),
+and two effects shared by all prompts, the gain from training on the prompt itself (``gamma``, per
+trained group) and the drift from training on anything (``delta``, per policy update). All of a
+prompt's groups so inform ``theta_i``, each seen through the shift between its time and the
+newest group's, and its next group is predicted at the shift from the newest group to now.
+Measuring from the prompt's own newest group keeps ``theta_i`` near what was observed, inside the
+grid, however long the run; the Beta rule
 (:mod:`dapo.sampling.posterior`) can only discount old groups, so it keeps a few groups'
 worth and mistakes a prompt that is being learnt for one that is not.
 
@@ -44,19 +47,32 @@ def flat_log_prior() -> np.ndarray:
     return lp - np.logaddexp.reduce(lp)
 
 
+def _binomial_loglik(correct: np.ndarray, n: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``correct log sigmoid(z) + (n - correct) log sigmoid(-z)``, with ``log sigmoid(-z) =
+    log sigmoid(z) - z`` (one log-sigmoid, the costly part of a fit)."""
+    return n * log_sigmoid(z) - (n - correct) * z
+
+
 def group_loglik(correct: float, n: float, shift: float) -> np.ndarray:
     """Log-likelihood over :data:`GRID` of ``correct`` right of ``n`` at logit ``theta + shift``
     (the binomial coefficient dropped: it does not depend on theta)."""
-    z = GRID + shift
-    return correct * log_sigmoid(z) + (n - correct) * log_sigmoid(-z)
+    return _binomial_loglik(np.float64(correct), np.float64(n), GRID + shift)
+
+
+def relative(groups: np.ndarray) -> np.ndarray:
+    """The groups with their trained count and version taken from the newest group's (last row)."""
+    g = np.asarray(groups, dtype=np.float64).reshape(-1, 4).copy()
+    g[:, :2] -= g[-1, :2]
+    return g
 
 
 def prompt_loglik(groups: np.ndarray, gamma: float, delta: float) -> np.ndarray:
     """A prompt's log-likelihood over :data:`GRID` from its ``groups`` (rows ``(trained, version,
-    correct, n)``), each at the shift ``gamma * trained + delta * version`` of its generation."""
-    g = np.asarray(groups, dtype=np.float64).reshape(-1, 4)
+    correct, n)``, oldest first), each at the shift ``gamma * dT + delta * dv`` from its
+    generation to the newest group's."""
+    g = relative(groups)
     z = GRID[None, :] + (gamma * g[:, 0] + delta * g[:, 1])[:, None]
-    return (g[:, 2, None] * log_sigmoid(z) + (g[:, 3] - g[:, 2])[:, None] * log_sigmoid(-z)).sum(0)
+    return _binomial_loglik(g[:, 2, None], g[:, 3, None], z).sum(0)
 
 
 def evidence(groups: np.ndarray, decay: float, version: int) -> float:
@@ -89,11 +105,11 @@ BLOCK = 256
 
 
 def _blocks(groups: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
-    """``(trained, version, correct, n, owner)`` columns per block of prompts (``owner``: the
-    prompt's row within its block)."""
+    """``(trained, version, correct, n, owner)`` columns per block of prompts, trained count and
+    version relative to the prompt's newest group (``owner``: the prompt's row in its block)."""
     out = []
     for start in range(0, len(groups), BLOCK):
-        part = [np.asarray(x, dtype=np.float64).reshape(-1, 4) for x in groups[start : start + BLOCK]]
+        part = [relative(x) for x in groups[start : start + BLOCK]]
         g = np.concatenate(part)
         owner = np.repeat(np.arange(len(part)), [len(x) for x in part])
         out.append((g[:, 0], g[:, 1], g[:, 2], g[:, 3], owner))
@@ -104,7 +120,7 @@ def _loglik(block: tuple[np.ndarray, ...], ga: float, de: float) -> tuple[np.nda
     """Per prompt of the block, the log-likelihood over the grid; and each group's logits."""
     t, v, k, n, owner = block
     z = GRID[None, :] + (ga * t + de * v)[:, None]
-    ll = k[:, None] * log_sigmoid(z) + (n - k)[:, None] * log_sigmoid(-z)
+    ll = _binomial_loglik(k[:, None], n[:, None], z)
     out = np.zeros((int(owner[-1]) + 1, GRID.size))
     np.add.at(out, owner, ll)
     return out, z

@@ -26,6 +26,8 @@ import numpy as np
 from dapo.config.sampling import TrendConfig
 from dapo.sampling import solve_model as sm
 
+FIT_PROMPTS = 4096  # prompts a refit reads at most
+
 
 class TrendModel:
     def __init__(self, cfg: TrendConfig, n: int) -> None:
@@ -59,8 +61,13 @@ class TrendModel:
         return out
 
     # -- prediction ---------------------------------------------------------------------------
-    def shift(self, version: int, trained: int) -> float:
-        return self.fitted.gamma * trained + self.fitted.delta * version
+    def shift(self, index: int, version: int, trained: int) -> float:
+        """The logit shift from the prompt's newest group to ``version`` with ``trained`` of its
+        groups trained (0 for a prompt never rolled out)."""
+        g = self.groups.get(int(index))
+        if g is None:
+            return 0.0
+        return self.fitted.gamma * (trained - g[-1, 0]) + self.fitted.delta * (version - g[-1, 1])
 
     def zero_spread_prob(self, index: int, version: int, trained: int) -> float:
         """P(the prompt's next group of ``n`` has no spread) at ``version`` with ``trained`` of its
@@ -68,7 +75,8 @@ class TrendModel:
         ll = self._loglik.get(int(index))
         if ll is None:
             ll = np.zeros_like(sm.GRID)
-        return sm.predict_zero_spread(ll, self.fitted.log_prior, self.shift(version, trained), self.n)
+        shift = self.shift(index, version, trained)
+        return sm.predict_zero_spread(ll, self.fitted.log_prior, shift, self.n)
 
     def evidence_groups(self, index: int, version: int) -> float:
         g = self.groups.get(int(index))
@@ -100,10 +108,13 @@ class TrendModel:
 
     # -- the shared fit ------------------------------------------------------------------------
     def maybe_refit(self, version: int) -> bool:
-        """Refit once ``refit_every`` updates have passed since the last fit."""
+        """Refit once ``refit_every`` updates have passed since the last fit, on every prompt
+        seen, or on an evenly spaced sample of :data:`FIT_PROMPTS` of them on a larger pool (the
+        fit's cost grows with the prompts; two effects and a prior need no more)."""
         if version - self.fit_version < self.cfg.refit_every or not self.groups:
             return False
         keys = sorted(self.groups)
+        keys = keys[:: math.ceil(len(keys) / FIT_PROMPTS)]
         self.fitted = sm.fit(
             [self.groups[i] for i in keys],
             self.fitted,
