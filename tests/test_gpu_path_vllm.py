@@ -18,9 +18,9 @@ import torch
 
 from dapo.actor.forward import response_logprobs
 from dapo.bench.weight_sync import PeakRss, save_random_model, trainable_bytes
-from dapo.model.loader import load_model
 from dapo.rollout.hf import SamplingParams
 from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings, WeightSyncError
+from fixtures.weight_helpers import moved
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
 
@@ -54,16 +54,6 @@ def server(model_dir):
     eng.shutdown()
 
 
-def _moved(model_dir, seed: int) -> torch.nn.Module:
-    """The checkpoint with noise of the initialisation's scale on every weight: a sync's change."""
-    model = load_model(model_dir).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=g))
-    return model
-
-
 def _max_logprob_gap(engine, model) -> float:
     """How far the engine's sampled-token log-probs are from the model's recompute."""
     out = engine.generate(PROMPTS, SAMPLE, prompt_width=8)
@@ -80,7 +70,7 @@ def _sync_and_check(engine, model_dir) -> list[float]:
     memory raise of each, as a share of the model's size."""
     ratios = []
     for seed in (1, 2):
-        model = _moved(model_dir, seed)
+        model = moved(model_dir, seed)
         assert _max_logprob_gap(engine, model) > 1e-2  # the engine still has the old weights
         with PeakRss() as peak:
             engine.update_weights(model)
@@ -109,7 +99,7 @@ def test_gpu_path_colocated_failed_prefix_reset_is_fatal(colocated, model_dir):
         with pytest.raises(
             WeightSyncError, match=r"reset_prefix_cache\(\) returned False.*checkpoint is intact"
         ):
-            colocated.update_weights(_moved(model_dir, 3))
+            colocated.update_weights(moved(model_dir, 3))
     finally:
         stream.close()
 
@@ -208,7 +198,7 @@ def test_gpu_path_server_failed_prefix_reset_is_fatal(server, model_dir):
             time.sleep(0.02)
         try:
             if not done.is_set():
-                server.update_weights(_moved(model_dir, 4 + attempt))
+                server.update_weights(moved(model_dir, 4 + attempt))
         except WeightSyncError as e:
             raised = e
         thread.join(timeout=300)
@@ -221,17 +211,38 @@ def test_gpu_path_server_failed_prefix_reset_is_fatal(server, model_dir):
 def test_gpu_path_tensor_parallel_two_workers_pull_the_stream(model_dir):
     """tensor_model_parallel_size=2 in process (the CPU build runs it; `dapo validate` still
     holds CPU runs to 1): the two workers live in their own processes, each pulls the socket
-    stream and keeps its slice through vLLM's loaders; the new weights are seen (log-probs of
-    the moved model), and the trainer makes no copy of them."""
+    stream and keeps its slice through vLLM's loaders (of the tables sent in blocks of rows, its
+    own rows); the new weights are seen (log-probs of the moved model), and the trainer makes no
+    copy of them."""
     settings = VllmSettings.for_model(
         "float32", 512, max_num_seqs=16, max_num_batched_tokens=512, tensor_model_parallel_size=2
     )
     eng = VllmRollout(str(model_dir), [EOS], PAD, settings, seed=1)
     try:
         ratios = _sync_and_check(eng, model_dir)
+        # the tables in blocks of rows that straddle the two workers' halves of the vocabulary:
+        # each keeps its own rows
+        model = moved(model_dir, 5)
+        assert _max_logprob_gap(eng, model) > 1e-2
+        eng.load_weights(_tables_in_blocks(model, rows=300))
+        assert _max_logprob_gap(eng, model) < 1e-3
     finally:
         eng.shutdown()
     assert max(ratios) < 0.25, ratios
+
+
+def _tables_in_blocks(model: torch.nn.Module, rows: int):
+    """The model's weights for vLLM, the embedding table and the tied output layer as blocks of
+    ``rows`` rows."""
+    from dapo.checkpoint.rows import RowBlock
+    from dapo.rollout.vllm_rollout import state_dict_for_vllm
+
+    for name, t in state_dict_for_vllm(model).items():
+        if name not in ("model.embed_tokens.weight", "lm_head.weight"):
+            yield name, t
+            continue
+        for s in range(0, t.shape[0], rows):
+            yield name, RowBlock(s, t[s : s + rows], tuple(t.shape))
 
 
 def test_gpu_path_server_sleeps_level_2_in_the_handoff(server, model_dir):
@@ -242,7 +253,7 @@ def test_gpu_path_server_sleeps_level_2_in_the_handoff(server, model_dir):
     from dapo.rollout.handoff import Handoff
     from dapo.rollout.runner import weights_version
 
-    model = _moved(model_dir, 4)
+    model = moved(model_dir, 4)
     ledger = MemoryLedger()
     handoff = Handoff(server, None, "cpu", ledger)
     server.update_weights(model)

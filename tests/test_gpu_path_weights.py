@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dapo.bench.weight_sync import PeakRss, save_random_model, scramble, trainable_bytes
+from dapo.checkpoint.rows import RowBlock
 from dapo.distributed.weight_sync import PieceSpec, load_pieces_into, plan_rounds, round_pieces
 from dapo.model.loader import load_model
 from dapo.rollout.vllm_weight_stream import WeightReceiver, WeightSender, tensor_bytes
@@ -108,8 +109,9 @@ class _Worker(WeightReceiver):
 
 def test_gpu_path_stream_to_two_tp_workers():
     """Two workers (the tensor-parallel case) pull one stream: both get every tensor bit for bit
-    (fp32, bf16, a scalar, an empty one), a connection without the token is turned away, and the
-    bytes sent are views of the trainer's own tensors (no copy)."""
+    (fp32, bf16, a scalar, an empty one, a block of rows of a larger tensor with its place), a
+    connection without the token is turned away, and the bytes sent are views of the trainer's
+    own tensors (no copy)."""
     import socket
     import threading
 
@@ -118,6 +120,7 @@ def test_gpu_path_stream_to_two_tp_workers():
         "b.weight": torch.randn(4, 2).to(torch.bfloat16),
         "scale": torch.tensor(2.5),
         "empty": torch.zeros(0, 7),
+        "table.weight": RowBlock(2, torch.randn(2, 3), (6, 3)),
     }
     view = tensor_bytes(weights["a.weight"])
     assert view.obj.ctypes.data == weights["a.weight"].data_ptr() and len(view) == 5 * 3 * 4
@@ -138,8 +141,12 @@ def test_gpu_path_stream_to_two_tp_workers():
     for w in workers:
         assert list(w.got) == list(weights)
         for n, t in weights.items():
-            assert w.got[n].dtype == t.dtype and torch.equal(w.got[n], t), n
-    assert sender.nbytes == 5 * 3 * 4 + 4 * 2 * 2 + 4
+            got = w.got[n]
+            if isinstance(t, RowBlock):
+                assert isinstance(got, RowBlock) and (got.start, got.shape) == (t.start, t.shape)
+                got, t = got.rows, t.rows
+            assert got.dtype == t.dtype and torch.equal(got, t), n
+    assert sender.nbytes == 5 * 3 * 4 + 4 * 2 * 2 + 4 + 2 * 3 * 4
 
 
 def test_gpu_path_stream_worker_failure_reaches_trainer():

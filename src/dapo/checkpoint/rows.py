@@ -1,9 +1,18 @@
-"""Which rows of a tensor have arrived, for tensors that arrive as blocks of rows (a weight sync
-from sharded ranks, a streamed safetensors file)."""
+"""Tensors that arrive as blocks of rows (a weight sync from sharded ranks, a streamed
+safetensors file): which rows have arrived, a block of rows in transit, and whole tensors put
+together from their blocks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import torch
+
+
+def row_count(shape: tuple[int, ...] | torch.Size) -> int:
+    """Rows of a tensor of ``shape`` (a 0-dim tensor is one row)."""
+    return int(shape[0]) if len(shape) else 1
 
 
 class RowCoverage:
@@ -23,3 +32,66 @@ class RowCoverage:
     @property
     def complete(self) -> bool:
         return self.rows == 0 or bool(self.seen[: self.rows].all())
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Rows ``[start, stop)`` of a tensor of shape ``shape``: how a tensor too large to hold whole
+    on the way travels (the receiver writes each block at its place)."""
+
+    start: int
+    rows: torch.Tensor
+    shape: tuple[int, ...]
+
+    @property
+    def stop(self) -> int:
+        return self.start + row_count(tuple(self.rows.shape))
+
+
+def check_fits(what: str, start: int, rows: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> None:
+    """Refuse a block of rows that does not fit at row ``start`` of a tensor of ``shape``."""
+    k = row_count(tuple(rows.shape))
+    fits = (
+        tuple(rows.shape) == tuple(shape)
+        if len(shape) == 0
+        else (tuple(rows.shape[1:]) == tuple(shape[1:]) and 0 <= start and start + k <= shape[0])
+    )
+    if not fits:
+        raise ValueError(f"{what} rows {start}+{tuple(rows.shape)} do not fit {tuple(shape)}")
+
+
+class RowAssembly:
+    """Whole tensors put together from their blocks of rows, each handed back by :meth:`add` as
+    its last rows arrive and then forgotten: what is held is the tensors still incomplete."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.partial: dict[str, tuple[torch.Tensor, RowCoverage]] = {}
+
+    def add(
+        self,
+        name: str,
+        start: int,
+        rows: torch.Tensor,
+        dtype: torch.dtype,
+        shape: tuple[int, ...] | torch.Size,
+    ) -> torch.Tensor | None:
+        """Write ``rows`` at row ``start`` of tensor ``name``; the whole tensor once complete."""
+        entry = self.partial.get(name)
+        if entry is None:
+            entry = self.partial[name] = (torch.empty(shape, dtype=dtype), RowCoverage(row_count(shape)))
+        full, seen = entry
+        check_fits(f"{self.what}: {name}", start, rows, full.shape)
+        k = row_count(tuple(rows.shape))
+        seen.add(f"{self.what}: {name}", start, k)
+        (full if full.dim() == 0 else full[start : start + k]).copy_(rows)
+        if not seen.complete:
+            return None
+        del self.partial[name]
+        return full
+
+    def check_complete(self, also: Iterable[str] = ()) -> None:
+        """Raise naming the tensors still incomplete (with ``also``, others the caller tracks)."""
+        names = [*self.partial, *also]
+        if names:
+            raise KeyError(f"{self.what}: {len(names)} parameters incomplete, e.g. {names[:3]}")

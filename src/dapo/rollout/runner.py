@@ -14,6 +14,7 @@ import torch
 
 from dapo.actor.offload import ActorOffload, MemoryLedger
 from dapo.batch import Batch
+from dapo.checkpoint.rows import RowBlock
 from dapo.rollout.factory import build_rollout
 from dapo.rollout.handoff import ROLLOUT, Handoff
 from dapo.rollout.hf import SamplingParams
@@ -27,12 +28,13 @@ def weights_version(model: torch.nn.Module) -> int:
 
 class WeightSource(Protocol):
     """Where vLLM's weights come from: ``version`` changes whenever they do, ``named_weights``
-    gives them as ``(name, tensor)`` under the Hugging Face names."""
+    gives them as ``(name, tensor)`` under the Hugging Face names (or ``(name, RowBlock)``, a
+    block of rows of a tensor too large to hold whole on the way)."""
 
     @property
     def version(self) -> int: ...
 
-    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor | RowBlock]]: ...
 
 
 class ModelWeights:

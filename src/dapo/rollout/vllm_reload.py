@@ -12,8 +12,11 @@ are kept out of that reload. Their tensors are set aside as the stream passes, t
 to vLLM's reload, and then the tables are written in place through vLLM's own
 ``load_weights`` (which loads a tied output layer once, through the embedding) after their
 oneDNN packs are released; their post-processing (``process_weights_after_loading``) then
-packs them again from the new weights. The tables' new weights thus cost nothing beyond the
-stream's own tensors, and at most one pack is rebuilt at a time. Between the other modules the
+packs them again from the new weights. A table larger than the sync's bucket comes as blocks of
+rows instead, each written into the table's storage as it arrives
+(:mod:`dapo.rollout.vllm_table_rows`), so that no whole copy of it exists on the way. The tables'
+new weights thus cost nothing beyond the stream's own tensors, and at most one pack is rebuilt
+at a time. Between the other modules the
 heap's free pages go back to the system (:func:`trim_heap`), so what is left is vLLM's copy of
 one layer and its new pack.
 
@@ -31,6 +34,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from dapo.checkpoint.rows import RowAssembly, RowBlock
+from dapo.rollout.vllm_table_rows import TableRows
 
 # vLLM's loggers that report, during a reload, the tables loaded here as not loaded
 _RELOAD_LOGGERS = (
@@ -61,13 +67,29 @@ def table_weight_names(tables: dict[str, torch.nn.Module]) -> set[str]:
     return {f"{prefix}.{p}" for prefix, m in tables.items() for p, _ in m.named_parameters(recurse=False)}
 
 
-def is_table_weight(model: torch.nn.Module, name: str, table_names: set[str]) -> bool:
-    """Whether the checkpoint weight ``name`` is one of the tables' (directly, or through the
-    model's checkpoint-name mapping)."""
+def table_weight(model: torch.nn.Module, name: str, table_names: set[str]) -> str | None:
+    """The tables' weight (vLLM's name) that the checkpoint weight ``name`` is, directly or
+    through the model's checkpoint-name mapping; None for any other weight."""
     if name in table_names:
-        return True
+        return name
     map_name = getattr(getattr(model, "hf_to_vllm_mapper", None), "map_name", None)
-    return map_name is not None and map_name(name) in table_names
+    mapped = map_name(name) if map_name is not None else None
+    return mapped if mapped in table_names else None
+
+
+def whole_tensors(
+    weights: Iterable[tuple[str, torch.Tensor | RowBlock]], assembly: RowAssembly
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream with blocks of rows put together (vLLM's loaders take whole tensors); raises
+    at the end if one stayed incomplete."""
+    for name, t in weights:
+        if isinstance(t, RowBlock):
+            t = assembly.add(name, t.start, t.rows, t.rows.dtype, t.shape)
+            if t is None:
+                continue
+        yield name, t
+        del t
+    assembly.check_complete()
 
 
 class _HideTablesNotLoaded(logging.Filter):
@@ -130,34 +152,54 @@ def release_packs(tables: dict[str, torch.nn.Module]) -> None:
 
 @torch.no_grad()
 def load_tables_in_place(
-    model: torch.nn.Module, tables: dict[str, torch.nn.Module], weights: list[tuple[str, torch.Tensor]]
+    model: torch.nn.Module,
+    tables: dict[str, torch.nn.Module],
+    weights: list[tuple[str, torch.Tensor]],
+    rows: TableRows,
 ) -> None:
-    """Write ``weights`` (the tables' checkpoint tensors) into the tables' own storage, then run
-    each table's post-processing, as vLLM does after loading."""
+    """Finish the tables whose rows were written during the stream, write the whole ``weights``
+    (the tables' checkpoint tensors) into their own storage, then run each table's
+    post-processing, as vLLM does after loading."""
+    rows.finish(tables)
     release_packs(tables)
-    model.load_weights(weights)
+    if weights:
+        model.load_weights(weights)
     for m in {id(m): m for m in tables.values()}.values():
         m.quant_method.process_weights_after_loading(m)
 
 
-def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> None:
     """``worker.reload_weights(weights_iterator=weights)``, with the tables written in place (an
-    unquantized model; a quantized one is reloaded by vLLM alone)."""
+    unquantized model; a quantized one is reloaded by vLLM alone). A table's blocks of rows are
+    written at their place as they arrive (:mod:`dapo.rollout.vllm_table_rows`); any other
+    tensor sent in blocks is put together first."""
     from vllm.config import set_current_vllm_config
 
     model = worker.get_model()
     quantized = worker.vllm_config.model_config.quantization is not None
     tables = {} if quantized else embedding_tables(model)
+    assembly = RowAssembly("weight sync")
     if not tables:
-        worker.reload_weights(weights_iterator=weights)
+        worker.reload_weights(weights_iterator=whole_tensors(weights, assembly))
         return
     names = table_weight_names(tables)
+    rows = TableRows(tables)  # holds the tables' parameters, which the reload puts on meta
     held: list[tuple[str, torch.Tensor]] = []
+
+    def table_rows_written() -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
+        for name, t in weights:
+            table = table_weight(model, name, names)
+            if isinstance(t, RowBlock) and table is not None and rows.takes(table):
+                rows.write(table, t)
+                del t
+                continue
+            yield name, t
+            del t
 
     def others() -> Iterator[tuple[str, torch.Tensor]]:
         module = None
-        for name, t in weights:
-            if is_table_weight(model, name, names):
+        for name, t in whole_tensors(table_rows_written(), assembly):
+            if table_weight(model, name, names) is not None:
                 held.append((name, t))  # the stream's own tensor: no copy
                 continue
             if name.rsplit(".", 2)[0] != module:  # the previous module's copies are freed by now
@@ -167,9 +209,9 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
 
     with tables_left_out_quietly(tables, names):
         worker.reload_weights(weights_iterator=others())
-    if not held:  # vLLM's own warning about it is filtered out above: never leave them stale silently
+    if not held and not rows.written:  # vLLM's own warning about it is filtered out above
         raise RuntimeError(
             f"the weights sent to vLLM hold none of its embedding tables ({', '.join(sorted(names))})"
         )
     with set_current_vllm_config(worker.vllm_config):
-        load_tables_in_place(model, tables, held)
+        load_tables_in_place(model, tables, held, rows)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.checkpoint.rows import RowBlock
 from dapo.errors import DapoError
 from dapo.rollout.hf import RolloutOutput, SamplingParams
 
@@ -264,8 +265,8 @@ def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def weight_pairs(
-    weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-) -> Iterable[tuple[str, torch.Tensor]]:
+    weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor | RowBlock]],
+) -> Iterable[tuple[str, torch.Tensor | RowBlock]]:
     """``(name, tensor)`` pairs of a state dict, or the pairs themselves."""
     return weights.items() if isinstance(weights, Mapping) else weights
 
@@ -502,10 +503,13 @@ class VllmRollout(VllmEngineBase):
         run in their own processes."""
         self.load_weights(state_dict_for_vllm(model))
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor | RowBlock]]
+    ) -> None:
         """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
         generation thread loads a snapshot while the update writes the live weights), or from
-        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream)."""
+        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream, where a parameter larger
+        than the bucket comes as ``(name, RowBlock)`` pairs, one block of its rows each)."""
         self.wake_up([WEIGHTS])
         try:
             if self.settings.tensor_model_parallel_size == 1:

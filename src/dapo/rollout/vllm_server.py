@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from dapo.checkpoint.rows import RowBlock
 from dapo.rollout.vllm_rollout import (
     WEIGHT_RECEIVER,
     WEIGHTS,
@@ -323,10 +324,13 @@ class VllmServerRollout(VllmEngineBase):
         cache; any failure, a refused reset included, raises :class:`WeightSyncError`."""
         self.load_weights(state_dict_for_vllm(model))
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor | RowBlock]]
+    ) -> None:
         """:meth:`update_weights` from a state dict under Hugging Face names (the async loop's
         generation thread sends a snapshot while the update writes the live weights), or from
-        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream)."""
+        ``(name, tensor)`` pairs, consumed once (the worker ranks' stream, where a parameter larger
+        than the bucket comes as ``(name, RowBlock)`` pairs, one block of its rows each)."""
         sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
             self.wake_up([WEIGHTS])

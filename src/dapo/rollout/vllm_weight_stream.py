@@ -11,10 +11,11 @@ so no worker ever holds a second model. A tensor is written from the trainer's m
 reload buffers until the layer is complete, and the embedding tables, which are written in place
 once the stream has ended (:mod:`dapo.rollout.vllm_reload`).
 
-Frames: a 4-byte big-endian length, a JSON header (``name``, ``dtype``, ``shape``; ``end`` on
-the last frame), then the tensor's raw bytes. A connection first presents a random token, so
-no other local process can feed weights in. This module imports only torch and the standard
-library: it is loaded inside vLLM's worker processes.
+Frames: a 4-byte big-endian length, a JSON header (``name``, ``dtype``, ``shape``; for a block
+of rows of a larger tensor, ``start``, its first row, and ``whole``, the whole tensor's shape;
+``end`` on the last frame), then the tensor's raw bytes. A connection first presents a random
+token, so no other local process can feed weights in. This module imports only torch, the
+standard library and :mod:`dapo.checkpoint.rows`: it is loaded inside vLLM's worker processes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+
+from dapo.checkpoint.rows import RowBlock
 
 _LEN = struct.Struct("!I")
 
@@ -69,8 +72,18 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
-def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor]]:
-    """The ``(name, tensor)`` frames of one stream, each tensor freshly allocated."""
+def frame_header(name: str, t: torch.Tensor | RowBlock) -> dict[str, Any]:
+    """The header of the frame that carries ``t`` (a tensor, or a block of rows of one)."""
+    rows = t.rows if isinstance(t, RowBlock) else t
+    header = {"name": name, "dtype": str(rows.dtype).removeprefix("torch."), "shape": list(rows.shape)}
+    if isinstance(t, RowBlock):
+        header.update(start=t.start, whole=list(t.shape))
+    return header
+
+
+def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
+    """The ``(name, tensor)`` frames of one stream (a block of rows as a :class:`RowBlock`),
+    each tensor freshly allocated."""
     while True:
         h = _recv_frame_header(sock)
         if h.get("end"):
@@ -80,7 +93,8 @@ def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor]]:
         t = torch.empty(shape, dtype=dtype)
         if t.numel():
             _recv_exact(sock, memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        yield h["name"], t
+        yield h["name"], (RowBlock(int(h["start"]), t, tuple(h["whole"])) if "start" in h else t)
+        del t
 
 
 class WeightSender:
@@ -120,16 +134,16 @@ class WeightSender:
             conns.append(c)
         return conns
 
-    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
         """Stream ``weights``; the bytes sent to each worker."""
         conns = self._accept()
         try:
             nbytes = 0
             for name, t in weights:
-                payload = tensor_bytes(t)
-                header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-                _send_frame(conns, header, payload)
+                payload = tensor_bytes(t.rows if isinstance(t, RowBlock) else t)
+                _send_frame(conns, frame_header(name, t), payload)
                 nbytes += len(payload)
+                del t, payload  # not held while the next tensor is fetched
             _send_frame(conns, {"end": True}, None)
             for c in conns:  # each worker answers once its loader has finished
                 answer = c.recv(4096).decode(errors="replace")
@@ -144,7 +158,7 @@ class WeightSender:
                 c.close()
             self._server.close()
 
-    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor]]) -> threading.Thread:
+    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
         """:meth:`send` in a thread (the RPC that makes the workers connect blocks the caller);
         a failure is kept in ``error``."""
 
@@ -173,7 +187,7 @@ class WeightReceiver:
     iterator of weights (the in-process engine's call), ``dapo_receive_weights`` connects to the
     trainer, feeds the stream to it and acknowledges."""
 
-    def dapo_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def dapo_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> None:
         """vLLM's in-place reload, with the embedding tables written in place
         (:mod:`dapo.rollout.vllm_reload`)."""
         from dapo.rollout.vllm_reload import reload_with_tables_in_place
