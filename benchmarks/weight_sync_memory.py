@@ -4,7 +4,8 @@ For each model shape (random weights built from the real configs: SmolLM2-135M a
 Qwen2.5-0.5B-shaped model, fp32), each placement (vLLM in the trainer's process, or a vLLM
 server) and each rank count (FSDP ranks as local processes), starts the ranks and the engine,
 then syncs ``--repeats`` times: ranks -> vLLM, each parameter assembled from its rows (fetched
-in rounds of ``--bucket-mb``) and dropped once vLLM has it, the trainer holding no copy of the
+in rounds of ``--bucket-mb``) and dropped once vLLM has it, one larger than the bucket (the
+embedding table) handed over block of rows by block, the trainer holding no copy of the
 policy (what ``dapo train`` does with actor ranks and vLLM); with ``--driver-copy``, ranks ->
 a full copy in the trainer -> vLLM (the path before). Each sync's peak is read from ``VmHWM``
 after resetting it, so the figure is memory, not time (``dapo.bench.weight_sync``); the table
@@ -68,13 +69,14 @@ def main() -> None:
                     Path(args.json).write_text(json.dumps(results, indent=1))
     print(
         f"\n{'shape':14} {'placement':10} {'ranks':>5} {'model MiB':>9} {'driver params MiB':>17}"
-        "  peak raise / model per sync"
+        f" {'largest sent MiB':>16}  peak raise / model per sync"
     )
     for r in results:
         ratios = "  ".join(f"{s['ratio']:.3f}" for s in r["syncs"])
+        largest = max((s.get("largest_piece", 0) for s in r["syncs"]), default=0)
         print(
             f"{r['shape']:14} {r['placement']:10} {r['ranks']:>5} {r['model_bytes'] / 2**20:>9.0f} "
-            f"{r['driver_param_bytes'] / 2**20:>17.0f}  {ratios}"
+            f"{r['driver_param_bytes'] / 2**20:>17.0f} {largest / 2**20:>16.1f}  {ratios}"
         )
 
 

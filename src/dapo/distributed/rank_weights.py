@@ -7,12 +7,14 @@ weights reads them from the ranks, one round of pieces at a time (``DistributedA
 * vLLM's loader gets ``(name, tensor)`` pairs as the driver's own model would give them
   (``dapo.rollout.vllm_rollout.state_dict_for_vllm``: the state dict's names, a tied output layer
   under ``lm_head.weight`` too), each parameter assembled from its rows as they arrive and
-  dropped once the loader has it;
+  dropped once the loader has it; a parameter larger than the sync's bucket (the token-embedding
+  tables, in practice) is never assembled here: its rows go on as ``RowBlock`` s, block by block,
+  and vLLM's side writes each at its place (``dapo.rollout.vllm_table_rows``);
 * checkpoints and the final model write the Hugging Face files from the same pieces
   (:func:`dapo.checkpoint.stream_safetensors.save_pretrained_streamed`).
 
-The driver's extra memory is about one bucket plus the parameters being assembled (the largest
-one at most, in practice). ``version`` is the actor group's count of weight changes.
+The driver's extra memory is about one bucket plus the parameters being assembled (each no
+larger than a bucket). ``version`` is the actor group's count of weight changes.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 import torch
 
+from dapo.checkpoint.rows import RowBlock
 from dapo.distributed.actor_group import DistributedActor
-from dapo.distributed.weight_sync import assemble
+from dapo.distributed.weight_sync import assemble, bucket_bytes
 
 
 def param_aliases(layout: torch.nn.Module) -> dict[str, list[str]]:
@@ -70,11 +73,13 @@ class RankWeights:
         """``perf/weight_sync_s``, ``_mb`` and ``_rounds`` of the last stream from the ranks."""
         return dict(self.actor.last_sync)
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` for vLLM's loader, one parameter at a time."""
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
+        """``(name, tensor)`` for vLLM's loader, one parameter at a time; a parameter larger than
+        the bucket as ``(name, RowBlock)``, one block of its rows at a time."""
         from dapo.rollout.vllm_reload import trim_heap
 
-        for name, t in assemble(self.actor.iter_pieces(), self.targets):
+        largest = bucket_bytes(self.actor.bucket_megabytes)
+        for name, t in assemble(self.actor.iter_pieces(), self.targets, max_whole_bytes=largest):
             for alias in self.aliases[name]:
                 yield alias, t
             del t

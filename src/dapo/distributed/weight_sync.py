@@ -8,8 +8,8 @@ rounds of at most ``update_weights_bucket_megabytes / world`` bytes, and the dri
 ranks for round ``i`` at once (no collective: each rank sends what it holds), copies the pieces
 into the rollout model's tensors at their row offsets and drops them before asking for the
 next round (or passes them to :func:`assemble`). The driver's memory grows by at most one
-bucket (plus, assembling, the parameters whose rows are still arriving); rank 0 carries no more
-than any other rank. Ranks of an HSDP replica other than the first send nothing (they hold copies).
+bucket (plus, assembling, the parameters no larger than a bucket whose rows are still arriving:
+larger ones are passed on block by block); rank 0 carries no more than any other rank. Ranks of an HSDP replica other than the first send nothing (they hold copies).
 
 The rollout model is updated in place, so engines that hold references to its tensors (the
 fast CPU engine re-fuses them at every ``generate``, vLLM reads them as views) see the new
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo.checkpoint.rows import RowCoverage
+from dapo.checkpoint.rows import RowAssembly, RowBlock, RowCoverage, check_fits, row_count
 
 # (parameter name, first row in the full parameter, the rows)
 WeightPiece = tuple[str, int, torch.Tensor]
@@ -144,42 +144,48 @@ def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor])
 
 
 def assemble(
-    pieces: Iterable[WeightPiece], targets: Mapping[str, tuple[torch.dtype, torch.Size]]
-) -> Iterator[tuple[str, torch.Tensor]]:
+    pieces: Iterable[WeightPiece],
+    targets: Mapping[str, tuple[torch.dtype, torch.Size]],
+    max_whole_bytes: int | None = None,
+) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
     """Whole parameters from their pieces, each yielded (in ``targets``' dtype) as soon as its
     last rows arrive and then forgotten: what is held at once is the parameters whose pieces are
-    still arriving. A piece that is a whole parameter passes through without a copy. Parameters
-    with no elements (never sent) come last, empty. Raises if a parameter stays incomplete."""
-    partial: dict[str, list] = {}  # name -> [the full tensor, its RowCoverage]
+    still arriving. A piece that is a whole parameter passes through without a copy. A parameter
+    of more than ``max_whole_bytes`` is not put together: its pieces pass on as they come, as
+    :class:`RowBlock` s, so that it is never held whole here. Parameters with no elements (never
+    sent) come last, empty. Raises if a parameter stays incomplete."""
+    assembly = RowAssembly("weight sync")
+    passing: dict[str, RowCoverage] = {}  # parameters passed on block by block: rows seen
     done: set[str] = set()
     for name, start, rows in pieces:
         if name not in targets:
             raise KeyError(f"weight sync: the policy has no parameter {name}")
         dtype, shape = targets[name]
-        need = shape[0] if len(shape) else 1
-        k = rows.shape[0] if rows.dim() else 1
-        if k == need and start == 0 and name not in partial:
+        whole = row_count(tuple(rows.shape)) == row_count(shape) and start == 0
+        if whole and name not in assembly.partial and name not in passing:
             if tuple(rows.shape) != tuple(shape):
                 raise ValueError(f"weight sync: {name} is {tuple(rows.shape)}, the policy's {tuple(shape)}")
             done.add(name)
             yield name, rows.to(dtype)
+            del rows
             continue
-        entry = partial.get(name)
-        if entry is None:
-            entry = partial[name] = [torch.empty(shape, dtype=dtype), RowCoverage(need)]
-        dst = entry[0] if len(shape) == 0 else entry[0][start : start + k]
-        if dst.shape != rows.shape:
-            raise ValueError(
-                f"weight sync: {name} rows {start}+{tuple(rows.shape)} do not fit {tuple(shape)}"
-            )
-        entry[1].add(f"weight sync: {name}", start, k)
-        dst.copy_(rows)
-        if entry[1].complete:
-            full = partial.pop(name)[0]
+        if max_whole_bytes is not None and torch.Size(shape).numel() * dtype.itemsize > max_whole_bytes:
+            check_fits(f"weight sync: {name}", start, rows, shape)
+            seen = passing.setdefault(name, RowCoverage(row_count(shape)))
+            seen.add(f"weight sync: {name}", start, row_count(tuple(rows.shape)))
+            if seen.complete:
+                del passing[name]
+                done.add(name)
+            yield name, RowBlock(start, rows.to(dtype), tuple(shape))
+            del rows  # held by the taker alone while the next round is fetched
+            continue
+        full = assembly.add(name, start, rows, dtype, shape)
+        del rows
+        if full is not None:
             done.add(name)
             yield name, full
-    if partial:
-        raise KeyError(f"weight sync: {len(partial)} parameters incomplete, e.g. {list(partial)[:3]}")
+            del full
+    assembly.check_complete(also=passing)
     for name, (dtype, shape) in targets.items():
         if name not in done:
             if torch.Size(shape).numel():
