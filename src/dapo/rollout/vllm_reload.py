@@ -16,9 +16,8 @@ packs them again from the new weights. A table larger than the sync's bucket com
 rows instead, each written into the table's storage as it arrives
 (:mod:`dapo.rollout.vllm_table_rows`), so that no whole copy of it exists on the way. The tables'
 new weights thus cost nothing beyond the stream's own tensors, and at most one pack is rebuilt
-at a time. Between the other modules the
-heap's free pages go back to the system (:func:`trim_heap`), so what is left is vLLM's copy of
-one layer and its new pack.
+at a time. Between the other modules the heap's free pages go back to the system
+(:func:`trim_heap`), so what is left is vLLM's copy of one layer and its new pack.
 
 Loaded inside vLLM's worker processes (``dapo.rollout.vllm_weight_stream.WeightReceiver``);
 vLLM is imported only when a worker reloads.
