@@ -64,8 +64,9 @@ class RowAssembly:
     """Whole tensors put together from their blocks of rows, each handed back by :meth:`add` as
     its last rows arrive and then forgotten: what is held is the tensors still incomplete."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, max_numel: int | None = None):
         self.what = what
+        self.max_numel = max_numel  # the largest whole tensor it will allocate (a shape is a claim)
         self.partial: dict[str, tuple[torch.Tensor, RowCoverage]] = {}
 
     def add(
@@ -77,13 +78,27 @@ class RowAssembly:
         shape: tuple[int, ...] | torch.Size,
     ) -> torch.Tensor | None:
         """Write ``rows`` at row ``start`` of tensor ``name``; the whole tensor once complete."""
+        what = f"{self.what}: {name}"
+        shape = torch.Size(shape)
         entry = self.partial.get(name)
         if entry is None:
+            if any(d < 0 for d in shape):
+                raise ValueError(f"{what}: whole shape {tuple(shape)} has a negative size")
+            if self.max_numel is not None and shape.numel() > self.max_numel:
+                raise ValueError(
+                    f"{what}: whole shape {tuple(shape)} is larger than any tensor taken here "
+                    f"({self.max_numel} elements)"
+                )
+            check_fits(what, start, rows, shape)  # before the whole tensor is allocated
             entry = self.partial[name] = (torch.empty(shape, dtype=dtype), RowCoverage(row_count(shape)))
         full, seen = entry
-        check_fits(f"{self.what}: {name}", start, rows, full.shape)
+        if full.dtype != dtype or full.shape != shape:
+            raise ValueError(
+                f"{what}: a block of {dtype} {tuple(shape)} after blocks of {full.dtype} {tuple(full.shape)}"
+            )
+        check_fits(what, start, rows, full.shape)
         k = row_count(tuple(rows.shape))
-        seen.add(f"{self.what}: {name}", start, k)
+        seen.add(what, start, k)
         (full if full.dim() == 0 else full[start : start + k]).copy_(rows)
         if not seen.complete:
             return None

@@ -7,7 +7,8 @@ keeps this worker's shard of the vocabulary (rows ``org_vocab_start_index`` to
 ``org_vocab_end_index``) at the top of the parameter and zeroes the rest (the padding up to a
 multiple of 64, and the rows of added vocabulary). :class:`TableRows` does the same block by
 block, so the result is the whole load's, bit for bit: each block's rows that fall in the shard
-are copied at their place, and once every row of the shard has arrived the rest is zeroed.
+are copied at their place, and after vLLM's reload, once every row of the shard is checked to
+have arrived, the rest is zeroed (:meth:`TableRows.finish`).
 
 The parameters are held from before vLLM's reload starts: the reload puts every layer's
 parameters on the meta device until it ends and then registers the same tensors again, so the
@@ -43,9 +44,14 @@ class TableRows:
         this worker's shard into the parameter."""
         layer, param = self.layers[name], self.params[name]
         lo, hi = layer.shard_indices.org_vocab_start_index, layer.shard_indices.org_vocab_end_index
-        if block.shape[0] != layer.org_vocab_size:
+        if len(block.shape) != param.dim() or block.shape[0] != layer.org_vocab_size:
             raise ValueError(
-                f"{name}: {block.shape[0]} rows sent, vLLM's vocabulary has {layer.org_vocab_size}"
+                f"{name}: a table of shape {tuple(block.shape)} sent, vLLM's vocabulary has "
+                f"{layer.org_vocab_size} rows"
+            )
+        if tuple(block.shape[1:]) != tuple(param.shape[1:]):
+            raise ValueError(
+                f"{name}: a table of shape {tuple(block.shape)} sent, vLLM's rows are {tuple(param.shape[1:])}"
             )
         check_fits(name, block.start, block.rows, (block.shape[0], *param.shape[1:]))
         seen = self.seen.setdefault(name, RowCoverage(hi - lo))

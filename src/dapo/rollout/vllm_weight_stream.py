@@ -34,6 +34,24 @@ import torch
 from dapo.checkpoint.rows import RowBlock
 
 _LEN = struct.Struct("!I")
+_MAX_HEADER = 2**20  # a header is a name and two shapes; more is not one of ours
+# the dtypes a checkpoint tensor comes in; a header names one by string, never any torch attribute
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)),
+    )
+}
 
 
 def _send_frame(conns: list[socket.socket], header: dict[str, Any], payload: memoryview | None) -> None:
@@ -57,6 +75,8 @@ def _recv_frame_header(sock: socket.socket) -> dict[str, Any]:
     raw = bytearray(_LEN.size)
     _recv_exact(sock, memoryview(raw))
     (n,) = _LEN.unpack(raw)
+    if n > _MAX_HEADER:
+        raise ValueError(f"weight stream: a frame header of {n} bytes (at most {_MAX_HEADER})")
     head = bytearray(n)
     _recv_exact(sock, memoryview(head))
     return json.loads(head)
@@ -88,12 +108,16 @@ def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]
         h = _recv_frame_header(sock)
         if h.get("end"):
             return
-        dtype = getattr(torch, h["dtype"])
-        shape = tuple(h["shape"])
+        name, dtype, shape = h["name"], _DTYPES.get(h["dtype"]), tuple(h["shape"])
+        if dtype is None:
+            raise ValueError(f"weight stream: {name} has dtype {h['dtype']!r}, not a weight's")
+        whole = tuple(h["whole"]) if "start" in h else shape
+        if not all(isinstance(d, int) and d >= 0 for d in (*shape, *whole)):
+            raise ValueError(f"weight stream: {name} has shape {list(shape)} of whole {list(whole)}")
         t = torch.empty(shape, dtype=dtype)
         if t.numel():
             _recv_exact(sock, memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        yield h["name"], (RowBlock(int(h["start"]), t, tuple(h["whole"])) if "start" in h else t)
+        yield name, (RowBlock(int(h["start"]), t, whole) if "start" in h else t)
         del t
 
 
