@@ -71,6 +71,16 @@ def _vllm_params(engine) -> dict[str, torch.Tensor]:
     return params
 
 
+def _last_reload(engine) -> dict[str, set[str]]:
+    """What the worker's last reload wrote in place by rows and what it put together whole."""
+
+    def read(worker):
+        return {k: set(v) for k, v in worker.dapo_last_reload.items()}
+
+    (record,) = engine.llm.collective_rpc(read)
+    return record
+
+
 def _dirty_padding(engine) -> None:
     """Non-zero rows past the vocabulary, which a load must zero as vLLM's own loader does."""
 
@@ -106,6 +116,12 @@ def test_gpu_path_row_block_sync_equals_whole_parameter_sync(engine, model_dir):
     assert largest <= BUCKET_MB * 2**20, largest
     del sent
     engine.load_weights(weights.named_weights())
+    # the tables went into vLLM's parameters block by block, never whole in the worker (a whole
+    # assembly there would load the same weights, so the parameters alone cannot tell)
+    record = _last_reload(engine)
+    assert table in record["in_place"], record
+    assert not {table, "lm_head.weight"} & record["assembled"], record
+    assert "model.layers.0.mlp.up_proj.weight" in record["assembled"], record
 
     by_rows = _vllm_params(engine)
     assert sorted(by_rows) == sorted(whole)

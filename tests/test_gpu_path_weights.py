@@ -169,6 +169,64 @@ def test_gpu_path_stream_worker_failure_reaches_trainer():
     assert "ValueError: shape mismatch in layer 3" in str(sender.error)
 
 
+def test_gpu_path_stream_and_assembly_refuse_what_no_sync_sends():
+    """A header too long, a dtype that is no weight's, a whole shape larger than any tensor the
+    worker takes, rows that do not fit it, and a block whose dtype or whole shape differs from its
+    parameter's first: each refused before anything is allocated for it, in one line naming it."""
+    import json
+    import socket
+    import struct
+
+    from dapo.checkpoint.rows import RowAssembly
+    from dapo.rollout.vllm_weight_stream import receive
+
+    def frames(*headers: bytes, raw: bytes = b"") -> list:
+        a, b = socket.socketpair()
+        with a:
+            a.sendall(raw + b"".join(struct.pack("!I", len(h)) + h for h in headers))
+        with b:
+            return list(receive(b))
+
+    with pytest.raises(ValueError, match="a frame header of 2097152 bytes"):
+        frames(raw=struct.pack("!I", 2**21))  # refused before its bytes are read
+    head = {"name": "w", "dtype": "Tensor", "shape": [1]}
+    with pytest.raises(ValueError, match="w has dtype 'Tensor', not a weight's"):
+        frames(json.dumps(head).encode())
+    with pytest.raises(ValueError, match=r"w has shape \[-1\]"):
+        frames(json.dumps(head | {"dtype": "float32", "shape": [-1]}).encode())
+    assert frames(json.dumps(head | {"dtype": "bfloat16", "shape": [0]}).encode(), b'{"end": true}')
+
+    r, big = torch.ones(2, 3), 10**6
+    with pytest.raises(ValueError, match=r"weight sync: w: whole shape \(1000000, 3\) is larger"):
+        RowAssembly("weight sync", max_numel=1000).add("w", 0, r, r.dtype, (big, 3))
+    with pytest.raises(ValueError, match=r"weight sync: w rows 0\+\(2, 3\) do not fit \(1000000, 4\)"):
+        RowAssembly("weight sync").add("w", 0, r, r.dtype, (big, 4))
+    a = RowAssembly("weight sync", max_numel=1000)
+    assert a.add("w", 0, r, r.dtype, (4, 3)) is None
+    with pytest.raises(
+        ValueError, match=r"w: a block of torch.float16 \(4, 3\) after blocks of torch.float32"
+    ):
+        a.add("w", 2, r.half(), torch.float16, (4, 3))
+    with pytest.raises(ValueError, match=r"w: a block of torch.float32 \(6, 3\) after blocks"):
+        a.add("w", 2, r, r.dtype, (6, 3))
+    assert torch.equal(a.add("w", 2, r, r.dtype, (4, 3)), torch.ones(4, 3))
+
+
+def test_gpu_path_every_table_must_reach_vllm():
+    """A tied pair is covered by either of its names; an untied output layer left out of the
+    stream is named, not left with its old weights."""
+    from dapo.rollout.vllm_reload import check_tables_covered
+
+    embed, head = torch.nn.Parameter(torch.zeros(4, 2)), torch.nn.Parameter(torch.zeros(4, 2))
+    tied = {"lm_head.weight": embed, "model.embed_tokens.weight": embed}
+    check_tables_covered(tied, ["lm_head.weight"])
+    check_tables_covered(tied, [None, "model.embed_tokens.weight"])
+    untied = {"lm_head.weight": head, "model.embed_tokens.weight": embed}
+    check_tables_covered(untied, ["model.embed_tokens.weight", "lm_head.weight"])
+    with pytest.raises(RuntimeError, match=r"lack its embedding table lm_head.weight$"):
+        check_tables_covered(untied, ["model.embed_tokens.weight"])
+
+
 def test_gpu_path_server_devices_and_bucket_keys_are_checked():
     """The server's own devices need the server placement on CUDA and enough ids for its
     tensor-parallel workers; the sync's bucket must hold at least 1 MiB."""

@@ -43,6 +43,9 @@ _RELOAD_LOGGERS = (
     "vllm.model_executor.model_loader.reload.inplace",
 )
 
+logger = logging.getLogger(__name__)
+_warned_whole: set[str] = set()  # one warning per parameter for the process's life, not per sync
+
 
 def embedding_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The unquantized token-embedding layers (input embedding, output layer) by qualified name;
@@ -77,18 +80,42 @@ def table_weight(model: torch.nn.Module, name: str, table_names: set[str]) -> st
 
 
 def whole_tensors(
-    weights: Iterable[tuple[str, torch.Tensor | RowBlock]], assembly: RowAssembly
+    weights: Iterable[tuple[str, torch.Tensor | RowBlock]],
+    assembly: RowAssembly,
+    assembled: set[str] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The stream with blocks of rows put together (vLLM's loaders take whole tensors); raises
-    at the end if one stayed incomplete."""
+    """The stream with blocks of rows put together (vLLM's loaders take whole tensors), their
+    names added to ``assembled``; raises at the end if one stayed incomplete. A tensor sent in
+    blocks is sent so because it is too large to hold whole on the way, so putting it together
+    here is worth a warning (once per name)."""
     for name, t in weights:
         if isinstance(t, RowBlock):
             t = assembly.add(name, t.start, t.rows, t.rows.dtype, t.shape)
             if t is None:
                 continue
+            if assembled is not None:
+                assembled.add(name)
+            if name not in _warned_whole:
+                _warned_whole.add(name)
+                logger.warning(
+                    "weight sync: %s (%.1f MiB) was sent in blocks of rows and is put together whole "
+                    "in vLLM's worker: no in-place writer for it",
+                    name,
+                    t.nbytes / 2**20,
+                )
         yield name, t
         del t
     assembly.check_complete()
+
+
+def check_tables_covered(params: dict[str, torch.Tensor], sent: Iterable[str | None]) -> None:
+    """Every distinct table parameter (vLLM's names in ``params``) received under one of its names
+    (``sent``); a tied pair is one parameter under two names, either of which covers it. Without
+    this an untied table left out of the stream would keep its old weights with no word."""
+    covered = {id(params[n]) for n in sent if n is not None}
+    missing = sorted({id(p): n for n, p in reversed(params.items()) if id(p) not in covered}.values())
+    if missing:
+        raise RuntimeError(f"the weights sent to vLLM lack its embedding table {', '.join(missing)}")
 
 
 class _HideTablesNotLoaded(logging.Filter):
@@ -171,18 +198,26 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
     """``worker.reload_weights(weights_iterator=weights)``, with the tables written in place (an
     unquantized model; a quantized one is reloaded by vLLM alone). A table's blocks of rows are
     written at their place as they arrive (:mod:`dapo.rollout.vllm_table_rows`); any other
-    tensor sent in blocks is put together first."""
+    tensor sent in blocks is put together first. What went which way is left on the worker as
+    ``dapo_last_reload`` (table weights written in place by rows, tensors put together whole)."""
     from vllm.config import set_current_vllm_config
 
     model = worker.get_model()
     quantized = worker.vllm_config.model_config.quantization is not None
     tables = {} if quantized else embedding_tables(model)
-    assembly = RowAssembly("weight sync")
+    tp = int(getattr(worker.vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+    # no checkpoint tensor holds more elements than the largest of this worker's shards, whole
+    largest = max((p.numel() for p in model.parameters()), default=0) * tp
+    assembly = RowAssembly("weight sync", max_numel=largest)
+    assembled: set[str] = set()
+    worker.dapo_last_reload = {"in_place": set(), "assembled": assembled}
     if not tables:
-        worker.reload_weights(weights_iterator=whole_tensors(weights, assembly))
+        worker.reload_weights(weights_iterator=whole_tensors(weights, assembly, assembled))
         return
     names = table_weight_names(tables)
     rows = TableRows(tables)  # holds the tables' parameters, which the reload puts on meta
+    worker.dapo_last_reload["in_place"] = rows.seen.keys()
+    params = {n: getattr(tables[n.rpartition(".")[0]], n.rpartition(".")[2]) for n in sorted(names)}
     held: list[tuple[str, torch.Tensor]] = []
 
     def table_rows_written() -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
@@ -197,7 +232,7 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
 
     def others() -> Iterator[tuple[str, torch.Tensor]]:
         module = None
-        for name, t in whole_tensors(table_rows_written(), assembly):
+        for name, t in whole_tensors(table_rows_written(), assembly, assembled):
             if table_weight(model, name, names) is not None:
                 held.append((name, t))  # the stream's own tensor: no copy
                 continue
@@ -212,5 +247,6 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
         raise RuntimeError(
             f"the weights sent to vLLM hold none of its embedding tables ({', '.join(sorted(names))})"
         )
+    check_tables_covered(params, [*rows.seen, *(table_weight(model, n, names) for n, _ in held)])
     with set_current_vllm_config(worker.vllm_config):
         load_tables_in_place(model, tables, held, rows)
