@@ -156,6 +156,20 @@ def test_gpu_path_assemble_parameters_from_pieces():
         list(assemble([("x", 0, a)], targets))
 
 
+def test_gpu_path_a_parameter_sent_again_after_it_is_complete_is_refused():
+    """A whole piece (or a block) of a parameter already yielded would load it twice."""
+    from dapo.distributed.weight_sync import assemble
+
+    a = torch.randn(4, 3)
+    targets = {"a": (torch.float32, a.shape)}
+    for again in (("a", 0, a), ("a", 2, a[2:])):
+        for first in ([("a", 0, a)], [("a", 0, a[:2]), ("a", 2, a[2:])]):
+            with pytest.raises(ValueError, match=r"rows \d\+ of a arrived after it was complete"):
+                list(assemble([*first, again], targets))
+    with pytest.raises(ValueError, match="of a arrived after it was complete"):
+        list(assemble([("a", 0, a[:2]), ("a", 2, a[2:]), ("a", 0, a[:2])], targets, max_whole_bytes=8))
+
+
 def test_gpu_path_a_block_sent_twice_is_refused_not_counted_for_a_missing_one(tmp_path):
     """Rows 0-1 of a 4-row tensor twice and rows 2-3 never: a count of rows would call it
     complete and hand on (or write) two rows never filled. Both the assembly and the streamed

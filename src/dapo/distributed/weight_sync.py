@@ -160,6 +160,8 @@ def assemble(
     for name, start, rows in pieces:
         if name not in targets:
             raise KeyError(f"weight sync: the policy has no parameter {name}")
+        if name in done:  # it was yielded already: taking it again would load it twice
+            raise ValueError(f"weight sync: rows {start}+ of {name} arrived after it was complete")
         dtype, shape = targets[name]
         whole = row_count(tuple(rows.shape)) == row_count(shape) and start == 0
         if whole and name not in assembly.partial and name not in passing:
