@@ -116,14 +116,29 @@ def _blocks(groups: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
     return out
 
 
-def _loglik(block: tuple[np.ndarray, ...], ga: float, de: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per prompt of the block, the log-likelihood over the grid; and each group's logits."""
-    t, v, k, n, owner = block
-    z = GRID[None, :] + (ga * t + de * v)[:, None]
-    ll = _binomial_loglik(k[:, None], n[:, None], z)
+def _logits(block: tuple[np.ndarray, ...], ga: float, de: float) -> np.ndarray:
+    """Each group's logit over the grid at the block's shifts."""
+    t, v = block[0], block[1]
+    return GRID[None, :] + (ga * t + de * v)[:, None]
+
+
+def _loglik(block: tuple[np.ndarray, ...], ga: float, de: float) -> np.ndarray:
+    """Per prompt of the block, the log-likelihood over the grid."""
+    _, _, k, n, owner = block
+    ll = _binomial_loglik(k[:, None], n[:, None], _logits(block, ga, de))
     out = np.zeros((int(owner[-1]) + 1, GRID.size))
     np.add.at(out, owner, ll)
-    return out, z
+    return out
+
+
+def _marginal(loglik: list[np.ndarray], lp: np.ndarray) -> float:
+    """Sum over the prompts of log sum over the grid of prior times likelihood."""
+    marginal = 0.0
+    for part in loglik:
+        L = part + lp
+        m = L.max(1)
+        marginal += float((m + np.log(np.exp(L - m[:, None]).sum(1))).sum())
+    return marginal
 
 
 def _posterior(L: np.ndarray) -> np.ndarray:
@@ -149,29 +164,26 @@ def fit(
     blocks = _blocks(groups)
     gamma, delta, log_prior = prev.gamma, prev.delta, prev.log_prior
 
-    def objective(ga: float, de: float, lp: np.ndarray) -> float:
-        marginal = 0.0
-        for b in blocks:
-            L = _loglik(b, ga, de)[0] + lp
-            m = L.max(1)
-            marginal += float((m + np.log(np.exp(L - m[:, None]).sum(1))).sum())
-        return marginal - 0.5 * ((ga / gain_sd) ** 2 + (de / drift_sd) ** 2)
+    def objective(loglik: list[np.ndarray], ga: float, de: float, lp: np.ndarray) -> float:
+        return _marginal(loglik, lp) - 0.5 * ((ga / gain_sd) ** 2 + (de / drift_sd) ** 2)
 
     for _ in range(steps):
+        # the likelihood at this step's (gamma, delta), read by the prior's update, the Newton
+        # step and the line search's baseline
+        loglik = [_loglik(b, gamma, delta) for b in blocks]
         mass = np.zeros(GRID.size)
-        for b in blocks:
-            mass += _posterior(_loglik(b, gamma, delta)[0] + log_prior).sum(0)
+        for L in loglik:
+            mass += _posterior(L + log_prior).sum(0)
         prior = mass / len(groups) + 1e-12
         log_prior = np.log(prior / prior.sum())
         # the score and curvature of each group's log-likelihood in (gamma, delta), per theta;
         # the marginal's Hessian is E[curvature] - Var[score] under each prompt's posterior
         grad = np.array([-gamma / gain_sd**2, -delta / drift_sd**2])
         hess = np.diag([1 / gain_sd**2, 1 / drift_sd**2])
-        for b in blocks:
+        for b, L in zip(blocks, loglik, strict=True):
             t, v, k, n, owner = b
-            L, z = _loglik(b, gamma, delta)
             post = _posterior(L + log_prior)
-            s = 1.0 / (1.0 + np.exp(-z))
+            s = 1.0 / (1.0 + np.exp(-_logits(b, gamma, delta)))
             resid = k[:, None] - n[:, None] * s
             curv = n[:, None] * s * (1.0 - s)
             acc = np.zeros((5, post.shape[0], GRID.size))
@@ -195,11 +207,11 @@ def fit(
         if low <= 0:  # far from the optimum the marginal need not be concave: damp the step
             hess = hess + (abs(low) + 1e-3 * abs(hess).max()) * np.eye(2)
         step = np.linalg.solve(hess, grad)
-        base = objective(gamma, delta, log_prior)
+        base = objective(loglik, gamma, delta, log_prior)
         size = 1.0
         while size > 1e-3:
             ga, de = max(0.0, gamma + size * step[0]), max(0.0, delta + size * step[1])
-            if objective(ga, de, log_prior) > base:
+            if objective([_loglik(b, ga, de) for b in blocks], ga, de, log_prior) > base:
                 gamma, delta = ga, de
                 break
             size /= 2
