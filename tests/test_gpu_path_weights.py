@@ -7,6 +7,8 @@ One pair of gloo ranks on an ~76 MB random model serves the file."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -225,6 +227,36 @@ def test_gpu_path_every_table_must_reach_vllm():
     check_tables_covered(untied, ["model.embed_tokens.weight", "lm_head.weight"])
     with pytest.raises(RuntimeError, match=r"lack its embedding table lm_head.weight$"):
         check_tables_covered(untied, ["model.embed_tokens.weight"])
+
+
+def test_gpu_path_blocks_without_an_in_place_writer_are_put_together_and_warned_once(caplog):
+    """A tensor that reaches vLLM's worker in blocks of rows and has no in-place writer (not an
+    embedding table) is put together whole for vLLM's loaders, whatever the blocks' order; that
+    is named once per parameter for the process's life, with its size, not at every sync. Whole
+    tensors pass through untouched, and a parameter whose rows stop short fails the sync."""
+    from dapo.checkpoint.rows import RowAssembly
+    from dapo.rollout import vllm_reload
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    w = torch.arange(6 * 1024 * 64, dtype=torch.float32).reshape(6 * 1024, 64)  # 1.5 MiB
+    norm = torch.ones(64)
+    blocks = [RowBlock(s, w[s : s + 1024], tuple(w.shape)) for s in (4096, 0, 5120, 1024, 3072, 2048)]
+    vllm_reload._warned_whole.discard(name)
+    with caplog.at_level(logging.WARNING, logger=vllm_reload.logger.name):
+        for _ in range(2):  # two syncs
+            got, assembled = {}, set()
+            pairs = [("model.norm.weight", norm), *((name, b) for b in blocks)]
+            for n, t in vllm_reload.whole_tensors(pairs, RowAssembly("test"), assembled):
+                got[n] = t
+            assert got["model.norm.weight"] is norm
+            assert torch.equal(got[name], w) and assembled == {name}
+    warned = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert warned == [
+        f"weight sync: {name} (1.5 MiB) was sent in blocks of rows and is put together "
+        "whole in vLLM's worker: no in-place writer for it"
+    ]
+    with pytest.raises(KeyError, match=r"1 parameters incomplete.*down_proj"):
+        list(vllm_reload.whole_tensors([(name, b) for b in blocks[:-1]], RowAssembly("test")))
 
 
 def test_gpu_path_server_devices_and_bucket_keys_are_checked():
