@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from dapo.checkpoint.rows import RowBlock
-from dapo.rollout.vllm_weight_stream import MAX_HEADER, frame_header, read_header
+from dapo.rollout.vllm_weight_stream import MAX_HEADER, ThreadedSender, frame_header, read_header
 
 RPC_METHOD = "dapo_receive_weights_collective"  # WeightReceiver's method that joins the group
 BACKENDS = ("gloo", "nccl")
@@ -142,26 +142,43 @@ class _OutOfStep(ValueError):
     """A header after which the worker cannot tell what comes next: it stops receiving."""
 
 
+class GroupFailed(RuntimeError):
+    """A broadcast failed: the group is broken (a worker left it, or a wait timed out)."""
+
+
 def send_stream(link: _Link, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
     """Broadcast ``weights`` then the end header (the trainer's side); the bytes sent. A failure
-    of the iterator is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised."""
-    nbytes = 0
-    try:
-        for name, t in weights:
-            rows = (t.rows if isinstance(t, RowBlock) else t).detach()
-            flat = rows.contiguous().reshape(-1).view(torch.uint8)
-            link.send_header({**frame_header(name, t), "nbytes": flat.numel()})
-            link.bytes(flat)
-            nbytes += flat.numel()
-            del t, rows, flat  # not held while the next tensor is fetched
-    except BaseException as e:
+    of the iterator is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised; a
+    failed broadcast raises :class:`GroupFailed`."""
+    nbytes, it = 0, iter(weights)
+    while True:
         try:
-            link.send_header({"end": True, "error": f"{type(e).__name__}: {e}"[:4000]})
-        except Exception:
-            pass  # the group itself failed: the workers' waits time out
-        raise
-    link.send_header({"end": True})
+            name, t = next(it)
+        except StopIteration:
+            break
+        except BaseException as e:
+            try:
+                link.send_header({"end": True, "error": f"{type(e).__name__}: {e}"[:4000]})
+            except Exception:
+                pass  # the group failed as well: the workers' waits time out; the trainer's error is the one
+            raise
+        rows = (t.rows if isinstance(t, RowBlock) else t).detach()
+        flat = rows.contiguous().reshape(-1).view(torch.uint8)
+        _broadcast(link.send_header, {**frame_header(name, t), "nbytes": flat.numel()})
+        _broadcast(link.bytes, flat)
+        nbytes += flat.numel()
+        del t, rows, flat  # not held while the next tensor is fetched
+    _broadcast(link.send_header, {"end": True})
     return nbytes
+
+
+def _broadcast(send: Any, what: Any) -> None:
+    try:
+        send(what)
+    except ValueError:
+        raise  # a header too large to send: nothing went out
+    except Exception as e:
+        raise GroupFailed(f"weight collective: a broadcast failed ({type(e).__name__}: {e})") from e
 
 
 class Receiver:
@@ -281,12 +298,13 @@ def receive_into(
         raise error
 
 
-class CollectiveSender:
+class CollectiveSender(ThreadedSender):
     """The trainer's side (rank 0) for ``expected`` workers, one sync; the interface of
     :class:`~dapo.rollout.vllm_weight_stream.WeightSender` (``address``, ``send``,
     ``send_in_thread``, ``close``, ``error``, ``nbytes``, ``method``)."""
 
     method = RPC_METHOD
+    thread_name = "dapo-weight-collective"
 
     def __init__(
         self,
@@ -341,13 +359,22 @@ class CollectiveSender:
                 )
             time.sleep(_POLL_S)
 
+    def _acks(self) -> list[str]:
+        return [f"ack/{r}" for r in range(1, self.expected + 1)]
+
+    def _failure(self, store: Any, keys: list[str]) -> str | None:
+        """The first worker's error among the acknowledgements ``keys`` already given."""
+        for k in keys:
+            if store.check([k]) and (answer := store.get(k).decode(errors="replace")) != "ok":
+                return (
+                    f"vLLM worker {int(k.split('/')[1]) - 1} failed to load the broadcast weights: {answer}"
+                )
+        return None
+
     def _check_acks(self, store: Any) -> None:
-        keys = [f"ack/{r}" for r in range(1, self.expected + 1)]
-        store.wait(keys, timedelta(seconds=self.timeout_s))
-        for r, k in enumerate(keys, start=1):
-            answer = store.get(k).decode(errors="replace")
-            if answer != "ok":
-                raise RuntimeError(f"vLLM worker {r - 1} failed to load the broadcast weights: {answer}")
+        store.wait(self._acks(), timedelta(seconds=self.timeout_s))
+        if (failure := self._failure(store, self._acks())) is not None:
+            raise RuntimeError(failure)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
         """Broadcast ``weights`` to every worker and wait for each to acknowledge; the bytes sent."""
@@ -361,7 +388,14 @@ class CollectiveSender:
                 raise
             store.set("start", "go")
             pg = new_group(store, 0, self.expected + 1, self.backend, self.timeout_s)
-            nbytes = send_stream(_Link(pg, self.device), weights)
+            try:
+                nbytes = send_stream(_Link(pg, self.device), weights)
+            except GroupFailed as e:
+                # a worker that gave up (not drained, e.g. a header it could not follow) breaks the
+                # group; its own error, once acknowledged, says more than the broken group's
+                if (failure := self._failure(store, self._acks())) is not None:
+                    raise RuntimeError(failure) from e
+                raise
             self._check_acks(store)
             self.nbytes = nbytes
             return nbytes
@@ -370,20 +404,6 @@ class CollectiveSender:
                 _shutdown(pg)
             del pg, store
             self._master = None  # the workers are done with it (acknowledged, or the sync failed)
-
-    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
-        """:meth:`send` in a thread (the RPC that makes the workers join blocks the caller); a
-        failure is kept in ``error``."""
-
-        def run() -> None:
-            try:
-                self.send(weights)
-            except BaseException as e:  # reported by the caller after join()
-                self.error = e
-
-        t = threading.Thread(target=run, name="dapo-weight-collective", daemon=True)
-        t.start()
-        return t
 
     def close(self) -> None:
         """The RPC has returned: a sender still waiting for workers to join gives up at once."""

@@ -156,11 +156,34 @@ def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]
         del t
 
 
-class WeightSender:
+class ThreadedSender:
+    """A sender's :meth:`send_in_thread`: the RPC that makes the workers take the weights blocks
+    the caller, so the sender runs in a thread and keeps a failure in ``error``."""
+
+    thread_name = "dapo-weight-sync"
+    error: BaseException | None = None
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
+        raise NotImplementedError
+
+    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.send(weights)
+            except BaseException as e:  # reported by the caller after join()
+                self.error = e
+
+        t = threading.Thread(target=run, name=self.thread_name, daemon=True)
+        t.start()
+        return t
+
+
+class WeightSender(ThreadedSender):
     """A one-shot listener for ``expected`` worker connections; :meth:`send` streams weights to
     all of them and waits for each to say it loaded them."""
 
     method = "dapo_receive_weights"  # the worker's RPC that pulls the stream (WeightReceiver)
+    thread_name = "dapo-weight-stream"
 
     def __init__(self, expected: int = 1, timeout_s: float = 600.0):
         self.expected = int(expected)
@@ -218,20 +241,6 @@ class WeightSender:
             for c in conns:
                 c.close()
             self._server.close()
-
-    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
-        """:meth:`send` in a thread (the RPC that makes the workers connect blocks the caller);
-        a failure is kept in ``error``."""
-
-        def run() -> None:
-            try:
-                self.send(weights)
-            except BaseException as e:  # reported by the caller after join()
-                self.error = e
-
-        t = threading.Thread(target=run, name="dapo-weight-stream", daemon=True)
-        t.start()
-        return t
 
     def close(self) -> None:
         # shutdown wakes a thread blocked in accept() (close alone does not on Linux), so a failed
