@@ -14,23 +14,14 @@ import time
 import urllib.request
 
 import pytest
-import torch
 
-from dapo.actor.forward import response_logprobs
 from dapo.bench.weight_sync import PeakRss, save_random_model, trainable_bytes
 from dapo.rollout.hf import SamplingParams
 from dapo.rollout.vllm_rollout import VllmRollout, VllmSettings, WeightSyncError
+from fixtures.vllm_helpers import EOS, PAD, PROMPTS, max_logprob_gap, settings, sync_tables_in_blocks
 from fixtures.weight_helpers import moved
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make test` (make venv-vllm)")
-
-PAD, EOS = 0, 2047  # the last id of the 2048-token vocabulary: rarely drawn, so responses run long
-PROMPTS = [[5 + (7 * i + j) % 300 for j in range(4 + i % 5)] for i in range(6)]
-SAMPLE = SamplingParams(n=1, temperature=1.0, response_length=16)
-
-
-def _settings() -> VllmSettings:
-    return VllmSettings.for_model("float32", 512, max_num_seqs=128, max_num_batched_tokens=2048)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +31,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def colocated(model_dir):
-    eng = VllmRollout(str(model_dir), [EOS], PAD, _settings(), seed=1)
+    eng = VllmRollout(str(model_dir), [EOS], PAD, settings(), seed=1)
     yield eng
     eng.shutdown()
 
@@ -49,20 +40,9 @@ def colocated(model_dir):
 def server(model_dir):
     from dapo.rollout.vllm_server import VllmServerRollout
 
-    eng = VllmServerRollout(str(model_dir), [EOS], PAD, _settings(), seed=1)
+    eng = VllmServerRollout(str(model_dir), [EOS], PAD, settings(), seed=1)
     yield eng
     eng.shutdown()
-
-
-def _max_logprob_gap(engine, model) -> float:
-    """How far the engine's sampled-token log-probs are from the model's recompute."""
-    out = engine.generate(PROMPTS, SAMPLE, prompt_width=8)
-    ids = torch.cat([out.prompts, out.responses], 1)
-    attn = torch.cat([(out.prompts != PAD).long(), out.response_mask], 1)
-    lp, _ = response_logprobs(model, ids, attn, SAMPLE.response_length, SAMPLE.temperature)
-    mask = out.response_mask.bool()
-    assert mask.sum() > 0
-    return float((lp.detach()[mask] - out.rollout_log_probs[mask]).abs().max())
 
 
 def _sync_and_check(engine, model_dir) -> list[float]:
@@ -71,11 +51,11 @@ def _sync_and_check(engine, model_dir) -> list[float]:
     ratios = []
     for seed in (1, 2):
         model = moved(model_dir, seed)
-        assert _max_logprob_gap(engine, model) > 1e-2  # the engine still has the old weights
+        assert max_logprob_gap(engine, model) > 1e-2  # the engine still has the old weights
         with PeakRss() as peak:
             engine.update_weights(model)
         ratios.append(peak.raised / trainable_bytes(model))
-        assert _max_logprob_gap(engine, model) < 1e-3
+        assert max_logprob_gap(engine, model) < 1e-3
     return ratios
 
 
@@ -114,7 +94,7 @@ def test_gpu_path_colocated_sync_writes_tied_embedding_in_place(tmp_path_factory
     the input embedding and the tied output layer both compute with the new weights (the
     log-probs of the moved model; a stale output-layer pack is off by more than 1)."""
     model_dir = save_random_model(tmp_path_factory.mktemp("tied_table"), "tied-table")
-    engine = VllmRollout(str(model_dir), [EOS], PAD, _settings(), seed=1)
+    engine = VllmRollout(str(model_dir), [EOS], PAD, settings(), seed=1)
     try:
         ratios = _sync_and_check(engine, model_dir)
     finally:
@@ -222,27 +202,10 @@ def test_gpu_path_tensor_parallel_two_workers_pull_the_stream(model_dir):
         ratios = _sync_and_check(eng, model_dir)
         # the tables in blocks of rows that straddle the two workers' halves of the vocabulary:
         # each keeps its own rows
-        model = moved(model_dir, 5)
-        assert _max_logprob_gap(eng, model) > 1e-2
-        eng.load_weights(_tables_in_blocks(model, rows=300))
-        assert _max_logprob_gap(eng, model) < 1e-3
+        sync_tables_in_blocks(eng, model_dir, 5)
     finally:
         eng.shutdown()
     assert max(ratios) < 0.25, ratios
-
-
-def _tables_in_blocks(model: torch.nn.Module, rows: int):
-    """The model's weights for vLLM, the embedding table and the tied output layer as blocks of
-    ``rows`` rows."""
-    from dapo.checkpoint.rows import RowBlock
-    from dapo.rollout.vllm_rollout import state_dict_for_vllm
-
-    for name, t in state_dict_for_vllm(model).items():
-        if name not in ("model.embed_tokens.weight", "lm_head.weight"):
-            yield name, t
-            continue
-        for s in range(0, t.shape[0], rows):
-            yield name, RowBlock(s, t[s : s + rows], tuple(t.shape))
 
 
 def test_gpu_path_server_sleeps_level_2_in_the_handoff(server, model_dir):
@@ -277,4 +240,4 @@ def test_gpu_path_server_sleeps_level_2_in_the_handoff(server, model_dir):
         "weights sent",
         "vllm: wake kv_cache",
     ]
-    assert _max_logprob_gap(server, model) < 1e-3
+    assert max_logprob_gap(server, model) < 1e-3

@@ -15,7 +15,9 @@ fallbacks. ``dapo.config.pipeline.build_config`` calls it once per run; after th
 * the vLLM engine keys with a per-device default (``rollout_engine_defaults``; ours on CPU, verl's
   on CUDA): ``rollout.gpu_memory_utilization`` null -> 0.5 on cuda; ``rollout.dtype`` null ->
   bfloat16 on cuda (float16 for an fp16 actor); ``rollout.enforce_eager`` null -> false on cuda,
-  true on cpu; ``rollout.per_request_seed`` null -> false on cuda, true on cpu
+  true on cpu; ``rollout.per_request_seed`` null -> false on cuda, true on cpu;
+  ``rollout.weight_transfer`` null -> collective on cuda for a server on ``server_devices`` (NCCL,
+  GPU to GPU), socket otherwise (ours)
 * ``actor.clip_ratio_low`` / ``clip_ratio_high``: null -> ``actor.clip_ratio``
 * ``actor.ppo_micro_batch_size_per_gpu``: null -> the deprecated global ``ppo_micro_batch_size``
   divided by the data-parallel size (``trainer.nnodes x trainer.n_gpus_per_node`` over the
@@ -66,7 +68,7 @@ CUDA_ROLLOUT_DTYPE = {"fp32": "bfloat16", "bf16": "bfloat16", "fp16": "float16"}
 # the keys rollout_engine_defaults fills: `dapo validate --explain` names the device they were resolved for
 DEVICE_DEFAULT_KEYS = tuple(
     f"actor_rollout_ref.rollout.{k}"
-    for k in ("gpu_memory_utilization", "dtype", "enforce_eager", "per_request_seed")
+    for k in ("gpu_memory_utilization", "dtype", "enforce_eager", "per_request_seed", "weight_transfer")
 )
 
 
@@ -81,6 +83,9 @@ def rollout_engine_defaults(rollout: Any, device: str, model_dtype: str) -> None
         rollout.enforce_eager = not cuda
     if rollout.per_request_seed is None:
         rollout.per_request_seed = not cuda
+    if rollout.weight_transfer is None:
+        own_gpus = cuda and rollout.placement == "server" and rollout.server_devices is not None
+        rollout.weight_transfer = "collective" if own_gpus else "socket"
 
 
 def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:

@@ -343,6 +343,13 @@ class RolloutConfig:
     # ours: the CUDA device ids the vLLM server runs on (its CUDA_VISIBLE_DEVICES, at least
     # tensor_model_parallel_size of them); null shares the trainer's devices
     server_devices: list[int] | None = None
+    # ours: how the weights reach vLLM workers in other processes (the server's, and the in-process engine's
+    # when tensor_model_parallel_size > 1; with one in-process worker the loader is handed the tensors
+    # directly and this key has no effect): "socket" streams them over a local socket through host memory;
+    # "collective" broadcasts them in a torch.distributed group (gloo on cpu, nccl on cuda: GPU to GPU, but
+    # only to a server on server_devices, as NCCL cannot put the trainer and a worker on one GPU); null:
+    # collective on cuda with server_devices, socket otherwise
+    weight_transfer: str | None = None
     # the most bytes (MiB) of weights one sync round carries from the actor ranks (verl's
     # checkpoint_engine.update_weights_bucket_megabytes): the trainer holds one bucket at a time
     update_weights_bucket_megabytes: int = 64

@@ -311,6 +311,7 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_TRANSFERS = ("socket", "collective")  # dapo.rollout.vllm_weight_transfer.TRANSFERS
 
 
 def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
@@ -339,6 +340,14 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
                 f"{key}.server_devices: needs at least tensor_model_parallel_size={tp} distinct device ids "
                 f">= 0, got {list(devices)}"
             )
+    transfer = rollout.weight_transfer
+    if transfer is not None and transfer not in WEIGHT_TRANSFERS:
+        p.append(f"{key}.weight_transfer: must be null, socket or collective, got {transfer!r}")
+    elif transfer == "collective" and cfg.trainer.device == "cuda" and devices is None:
+        p.append(
+            f"{key}.weight_transfer=collective: on trainer.device=cuda it needs rollout.server_devices (NCCL "
+            "cannot put the trainer and a vLLM worker on one GPU); set weight_transfer=socket or null"
+        )
     if cfg.algorithm.filter_groups.prefetch and rollout.placement != "colocated":
         p.append(
             f"{key}.name=vllm: algorithm.filter_groups.prefetch needs placement=colocated (the "

@@ -85,6 +85,7 @@ FREE_KEYS = (
     "actor_rollout_ref.model.enable_gradient_checkpointing",
     "actor_rollout_ref.rollout.gpu_memory_utilization",
     "actor_rollout_ref.rollout.placement",
+    "actor_rollout_ref.rollout.weight_transfer",
     "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
     "actor_rollout_ref.rollout.server_startup_timeout_s",
     "trainer.auto_budget.*",

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+TRANSFER_WORDS = {"socket": "over a local socket", "collective": "by a torch.distributed broadcast"}
+
 
 def vllm_dtype(rollout_cfg: Any, model: torch.nn.Module) -> str:
     """``rollout.dtype``, or the actor's parameter dtype when null."""
@@ -51,7 +53,7 @@ def build_rollout(
         where = "" if r.server_devices is None else f" on CUDA devices {list(r.server_devices)}"
         log(
             f"vLLM server: pid {engine.pid} (its own process group) at {engine.url}{where}, "
-            f"weights streamed over a local socket, log in {engine.log_path}"
+            f"weights sent {TRANSFER_WORDS[settings.weight_transfer]}, log in {engine.log_path}"
         )
     else:
         from dapo.rollout.vllm_rollout import VllmRollout

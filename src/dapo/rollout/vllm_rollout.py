@@ -86,6 +86,8 @@ class VllmSettings:
     cpu_kvcache_space_gb: float
     device: str
     per_request_seed: bool = True
+    # how weights reach workers in other processes: socket or collective (rollout.weight_transfer)
+    weight_transfer: str = "socket"
 
     @staticmethod
     def from_config(rollout: Any, dtype: str, max_model_len: int, device: str) -> VllmSettings:
@@ -106,6 +108,7 @@ class VllmSettings:
             cpu_kvcache_space_gb=float(rollout.cpu_kvcache_space_gb),
             device=device,
             per_request_seed=bool(rollout.per_request_seed),
+            weight_transfer=str(rollout.weight_transfer),
         )
 
     @staticmethod
@@ -499,8 +502,8 @@ class VllmRollout(VllmEngineBase):
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load the actor's current weights into the engine and drop blocks cached with the old
         ones. The loader is handed the model's own tensors one at a time (no copy): directly with
-        one worker, through :mod:`dapo.rollout.vllm_weight_stream` when tensor-parallel workers
-        run in their own processes."""
+        one worker, through :mod:`dapo.rollout.vllm_weight_transfer` (``settings.weight_transfer``)
+        when tensor-parallel workers run in their own processes."""
         self.load_weights(state_dict_for_vllm(model))
 
     def load_weights(
@@ -516,17 +519,13 @@ class VllmRollout(VllmEngineBase):
                 stream = {"weights_iterator": iter(weight_pairs(weights))}
                 self.llm.collective_rpc("dapo_reload_weights", kwargs=stream)
             else:
-                from dapo.rollout.vllm_weight_stream import WeightSender
+                from dapo.rollout.vllm_weight_transfer import push_weights
 
-                sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
-                thread = sender.send_in_thread(weight_pairs(weights))
-                try:
-                    self.llm.collective_rpc("dapo_receive_weights", kwargs=sender.address())
-                finally:
-                    sender.close()
-                    thread.join()
-                if sender.error is not None:
-                    raise sender.error
+                push_weights(
+                    weight_pairs(weights),
+                    self.settings,
+                    lambda method, kw: self.llm.collective_rpc(method, kwargs=kw),
+                )
             del weights
             check_prefix_cache_reset(self.llm.reset_prefix_cache())
         except Exception as e:

@@ -8,11 +8,13 @@ asyncio connections, bounded only by the process's open-file limit, so the engin
 them all), and stops it at the end. ``rollout.server_devices`` puts the server on CUDA devices
 of its own (its ``CUDA_VISIBLE_DEVICES``).
 
-Weights: each sync streams the actor's tensors over a local socket straight from the trainer's
-memory (:mod:`dapo.rollout.vllm_weight_stream`: no copy, no file): the trainer listens, asks
-every worker through ``/collective_rpc`` (a development endpoint: ``VLLM_SERVER_DEV_MODE=1``) to
-connect and feed the stream to ``reload_weights``, then drops the prefix cache
-(``/reset_prefix_cache``); a reset the server reports as failed stops the run.
+Weights: each sync sends the actor's tensors straight from the trainer's memory (no copy, no
+file), over a local socket (:mod:`dapo.rollout.vllm_weight_stream`) or, with
+``rollout.weight_transfer=collective``, a torch.distributed broadcast
+(:mod:`dapo.rollout.vllm_weight_collective`): the trainer asks every worker through
+``/collective_rpc`` (a development endpoint: ``VLLM_SERVER_DEV_MODE=1``) to connect and feed the
+stream to ``reload_weights`` (:mod:`dapo.rollout.vllm_weight_transfer`), then drops the prefix
+cache (``/reset_prefix_cache``); a reset the server reports as failed stops the run.
 
 Sleep (``free_cache_engine``, the server on the trainer's devices): the colocated
 handoff (:mod:`dapo.rollout.handoff`) drives the server as it drives the in-process engine: it
@@ -63,7 +65,7 @@ from dapo.rollout.vllm_rollout import (
     state_dict_for_vllm,
     weight_pairs,
 )
-from dapo.rollout.vllm_weight_stream import WeightSender
+from dapo.rollout.vllm_weight_transfer import push_weights
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 GUARD = Path(__file__).with_name("vllm_server_guard.py")
@@ -331,17 +333,13 @@ class VllmServerRollout(VllmEngineBase):
         generation thread sends a snapshot while the update writes the live weights), or from
         ``(name, tensor)`` pairs, consumed once (the worker ranks' stream, where a parameter larger
         than the bucket comes as ``(name, RowBlock)`` pairs, one block of its rows each)."""
-        sender = WeightSender(expected=self.settings.tensor_model_parallel_size)
         try:
             self.wake_up([WEIGHTS])
-            thread = sender.send_in_thread(weight_pairs(weights))
-            try:
-                self._post("/collective_rpc", {"method": "dapo_receive_weights", "kwargs": sender.address()})
-            finally:
-                sender.close()
-                thread.join()
-            if sender.error is not None:
-                raise sender.error
+            push_weights(
+                weight_pairs(weights),
+                self.settings,
+                lambda method, kw: self._post("/collective_rpc", {"method": method, "kwargs": kw}),
+            )
             del weights
             check_prefix_cache_reset(self._post("/reset_prefix_cache"))
         except Exception as e:

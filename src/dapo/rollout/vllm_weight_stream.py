@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import secrets
 import socket
 import struct
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from dapo.checkpoint.rows import RowBlock
 
 _LEN = struct.Struct("!I")
-_MAX_HEADER = 2**20  # a header is a name and two shapes; more is not one of ours
+MAX_HEADER = 2**20  # a header is a name and two shapes; more is not one of ours
 # the dtypes a checkpoint tensor comes in; a header names one by string, never any torch attribute
 _DTYPES = {
     str(d).removeprefix("torch."): d
@@ -75,8 +76,8 @@ def _recv_frame_header(sock: socket.socket) -> dict[str, Any]:
     raw = bytearray(_LEN.size)
     _recv_exact(sock, memoryview(raw))
     (n,) = _LEN.unpack(raw)
-    if n > _MAX_HEADER:
-        raise ValueError(f"weight stream: a frame header of {n} bytes (at most {_MAX_HEADER})")
+    if n > MAX_HEADER:
+        raise ValueError(f"weight stream: a frame header of {n} bytes (at most {MAX_HEADER})")
     head = bytearray(n)
     _recv_exact(sock, memoryview(head))
     return json.loads(head)
@@ -101,6 +102,45 @@ def frame_header(name: str, t: torch.Tensor | RowBlock) -> dict[str, Any]:
     return header
 
 
+class Frame(NamedTuple):
+    """A frame header's checked fields."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int | None  # the first row, for a block of rows of a larger tensor
+    whole: tuple[int, ...]  # the whole tensor's shape (``shape`` for a whole tensor)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def wrap(self, t: torch.Tensor) -> torch.Tensor | RowBlock:
+        """The received tensor as the loader takes it: a :class:`RowBlock` for a block of rows."""
+        return t if self.start is None else RowBlock(self.start, t, self.whole)
+
+
+def read_header(h: Any) -> Frame:
+    """A frame header's fields, refused (``ValueError``) unless the dtype is a weight's (by name,
+    from a fixed list: a header never names a torch attribute) and the shapes and first row
+    are non-negative integers."""
+    if not isinstance(h, dict) or not isinstance(h.get("name"), str):
+        raise ValueError(f"weight stream: a frame header without a name: {str(h)[:200]}")
+    name, dtype = h["name"], _DTYPES.get(h.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise ValueError(f"weight stream: {name} has dtype {h.get('dtype')!r}, not a weight's")
+    shape, start = h.get("shape"), h.get("start")
+    whole = h.get("whole") if start is not None else shape
+    dims = [*shape, *whole] if isinstance(shape, list) and isinstance(whole, list) else [None]
+    if not all(_count(d) for d in (*dims, 0 if start is None else start)):
+        raise ValueError(f"weight stream: {name} has shape {shape} of whole {whole} from row {start}")
+    return Frame(name, dtype, tuple(shape), start, tuple(whole))
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
     """The ``(name, tensor)`` frames of one stream (a block of rows as a :class:`RowBlock`),
     each tensor freshly allocated."""
@@ -108,22 +148,42 @@ def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]
         h = _recv_frame_header(sock)
         if h.get("end"):
             return
-        name, dtype, shape = h["name"], _DTYPES.get(h["dtype"]), tuple(h["shape"])
-        if dtype is None:
-            raise ValueError(f"weight stream: {name} has dtype {h['dtype']!r}, not a weight's")
-        whole = tuple(h["whole"]) if "start" in h else shape
-        if not all(isinstance(d, int) and d >= 0 for d in (*shape, *whole)):
-            raise ValueError(f"weight stream: {name} has shape {list(shape)} of whole {list(whole)}")
-        t = torch.empty(shape, dtype=dtype)
+        f = read_header(h)
+        t = torch.empty(f.shape, dtype=f.dtype)
         if t.numel():
             _recv_exact(sock, memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        yield name, (RowBlock(int(h["start"]), t, whole) if "start" in h else t)
+        yield f.name, f.wrap(t)
         del t
 
 
-class WeightSender:
+class ThreadedSender:
+    """A sender's :meth:`send_in_thread`: the RPC that makes the workers take the weights blocks
+    the caller, so the sender runs in a thread and keeps a failure in ``error``."""
+
+    thread_name = "dapo-weight-sync"
+    error: BaseException | None = None
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
+        raise NotImplementedError
+
+    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.send(weights)
+            except BaseException as e:  # reported by the caller after join()
+                self.error = e
+
+        t = threading.Thread(target=run, name=self.thread_name, daemon=True)
+        t.start()
+        return t
+
+
+class WeightSender(ThreadedSender):
     """A one-shot listener for ``expected`` worker connections; :meth:`send` streams weights to
     all of them and waits for each to say it loaded them."""
+
+    method = "dapo_receive_weights"  # the worker's RPC that pulls the stream (WeightReceiver)
+    thread_name = "dapo-weight-stream"
 
     def __init__(self, expected: int = 1, timeout_s: float = 600.0):
         self.expected = int(expected)
@@ -182,20 +242,6 @@ class WeightSender:
                 c.close()
             self._server.close()
 
-    def send_in_thread(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> threading.Thread:
-        """:meth:`send` in a thread (the RPC that makes the workers connect blocks the caller);
-        a failure is kept in ``error``."""
-
-        def run() -> None:
-            try:
-                self.send(weights)
-            except BaseException as e:  # reported by the caller after join()
-                self.error = e
-
-        t = threading.Thread(target=run, name="dapo-weight-stream", daemon=True)
-        t.start()
-        return t
-
     def close(self) -> None:
         # shutdown wakes a thread blocked in accept() (close alone does not on Linux), so a failed
         # RPC that no worker connected for is reported at once, not after the socket's timeout
@@ -209,7 +255,8 @@ class WeightSender:
 class WeightReceiver:
     """Mixed into vLLM's worker (``worker_extension_cls``): ``dapo_reload_weights`` loads an
     iterator of weights (the in-process engine's call), ``dapo_receive_weights`` connects to the
-    trainer, feeds the stream to it and acknowledges."""
+    trainer, feeds the stream to it and acknowledges; ``dapo_receive_weights_collective`` does the
+    same through a process group."""
 
     def dapo_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> None:
         """vLLM's in-place reload, with the embedding tables written in place
@@ -227,3 +274,25 @@ class WeightReceiver:
                 sock.sendall(f"{type(e).__name__}: {e}"[:4000].encode() or b"error")
                 raise
             sock.sendall(b"ok")
+
+    def dapo_receive_weights_collective(
+        self, host: str, port: str, prefix: str, world_size: str, backend: str, timeout_s: str = "600"
+    ) -> None:
+        """Join the trainer's process group as rank (this worker's rank) + 1 and load what it
+        broadcasts (:mod:`dapo.rollout.vllm_weight_collective`); nccl receives on the worker's
+        device."""
+        from dapo.rollout.vllm_weight_collective import receive_into
+
+        rank = int(self.rank) + 1  # type: ignore[attr-defined]  # vLLM's worker
+        device = self.device if backend == "nccl" else torch.device("cpu")  # type: ignore[attr-defined]
+        receive_into(
+            self.dapo_reload_weights,
+            host,
+            int(port),
+            prefix,
+            rank,
+            int(world_size),
+            backend,
+            device,
+            float(timeout_s),
+        )
