@@ -198,3 +198,38 @@ def test_an_interpolation_that_does_not_resolve_is_one_line_not_a_rules_tracebac
     assert rc == 2 and len(lines) == 1
     assert lines[0].startswith("dapo: invalid configuration: cannot resolve interpolations")
     assert "DAPO_TEST_NO_SUCH_VAR" in lines[0]
+
+
+def test_gpu_path_a_server_sharing_a_trainer_gpu_cannot_take_weights_over_nccl(capsys, gpus, monkeypatch):
+    """A server on devices of its own takes the weights by an NCCL broadcast by default; NCCL
+    cannot put two ranks on one GPU, so server devices that a trainer rank also uses are refused
+    (naming them, the trainer's, and both ways out), counted in CUDA_VISIBLE_DEVICES' numbering."""
+    gpus(4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    server = [
+        "trainer.device=cuda",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.placement=server",
+    ]
+    assert main(["validate", *server, "actor_rollout_ref.rollout.server_devices=[2,3]"]) == 0
+    capsys.readouterr()
+    rc, lines = _validate(capsys, *server, "actor_rollout_ref.rollout.server_devices=[1,2]")
+    assert rc == 2
+    assert lines == [
+        "dapo: invalid configuration: actor_rollout_ref.rollout.server_devices=[1, 2]: device(s) [1] are "
+        "also the trainer's (its 2 rank(s) use [0, 1]), and weight_transfer=collective broadcasts over NCCL, "
+        "which cannot put two ranks on one GPU; give the server other devices, or set "
+        "actor_rollout_ref.rollout.weight_transfer=socket"
+    ]
+    # the socket shares a device without NCCL
+    sharing = [*server, "actor_rollout_ref.rollout.server_devices=[1,2]"]
+    assert main(["validate", *sharing, "actor_rollout_ref.rollout.weight_transfer=socket"]) == 0
+    # the trainer's devices are its visible ones: here physical 2 and 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    capsys.readouterr()
+    rc, lines = _validate(capsys, *server, "actor_rollout_ref.rollout.server_devices=[0,3]")
+    assert rc == 2 and any(
+        "device(s) [3] are also the trainer's (its 2 rank(s) use [2, 3])" in x for x in lines
+    )
+    assert main(["validate", *server, "actor_rollout_ref.rollout.server_devices=[0,1]"]) == 0
