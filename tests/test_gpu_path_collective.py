@@ -130,6 +130,25 @@ def test_gpu_path_collective_trainer_failure_stops_the_workers(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "bad, says",
+    [
+        (("x" * 2**20, torch.ones(1)), "ValueError: weight collective: a header of"),
+        (("x", [1.0, 2.0]), "AttributeError: 'list' object has no attribute 'detach'"),
+    ],
+    ids=["header-too-large", "not-a-tensor"],
+)
+def test_gpu_path_collective_frame_the_trainer_cannot_send_stops_the_workers(tmp_path, bad, says):
+    """A frame that fails on the trainer before any of it is broadcast (its header too large, or
+    not a tensor) ends the stream with the trainer's error: the workers stop at once instead of
+    waiting out the group's timeout for a header that never comes."""
+    sender, records = _sync(tmp_path, iter([*_stream()[:2], bad]))
+    assert says in f"{type(sender.error).__name__}: {sender.error}"
+    for rec in records:
+        assert f"the trainer stopped the weight stream: {says}" in rec["error"]
+        assert len(rec["got"]) == 2
+
+
+@pytest.mark.parametrize(
     "header, says",
     [
         ({"name": "x", "dtype": "complex64", "shape": [2]}, "not a weight's"),

@@ -111,10 +111,8 @@ class _Link:
         for s in range(0, nbytes, CHUNK):
             self.broadcast(scratch[: min(CHUNK, nbytes - s)])
 
-    def send_header(self, header: dict[str, Any]) -> None:
-        raw = json.dumps(header).encode()
-        if len(raw) > MAX_HEADER:
-            raise ValueError(f"weight collective: a header of {len(raw)} bytes (at most {MAX_HEADER})")
+    def send_header(self, header: dict[str, Any] | bytes) -> None:
+        raw = header if isinstance(header, bytes) else encode_header(header)
         self.broadcast(torch.tensor([len(raw)], dtype=torch.int64, device=self.device))
         self.bytes(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
@@ -146,25 +144,36 @@ class GroupFailed(RuntimeError):
     """A broadcast failed: the group is broken (a worker left it, or a wait timed out)."""
 
 
+def encode_header(header: dict[str, Any]) -> bytes:
+    """``header`` as it is broadcast; ``ValueError`` when it is larger than a worker takes."""
+    raw = json.dumps(header).encode()
+    if len(raw) > MAX_HEADER:
+        raise ValueError(f"weight collective: a header of {len(raw)} bytes (at most {MAX_HEADER})")
+    return raw
+
+
 def send_stream(link: _Link, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
     """Broadcast ``weights`` then the end header (the trainer's side); the bytes sent. A failure
-    of the iterator is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised; a
-    failed broadcast raises :class:`GroupFailed`."""
+    of the iterator, or of a frame before any of it went out (not a tensor, a header too large),
+    is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised; a failed broadcast
+    raises :class:`GroupFailed`."""
     nbytes, it = 0, iter(weights)
     while True:
         try:
             name, t = next(it)
+            rows = (t.rows if isinstance(t, RowBlock) else t).detach()
+            flat = rows.contiguous().reshape(-1).view(torch.uint8)
+            header = encode_header({**frame_header(name, t), "nbytes": flat.numel()})
         except StopIteration:
             break
         except BaseException as e:
+            # the workers wait for a header: without this end they would wait out the timeout
             try:
                 link.send_header({"end": True, "error": f"{type(e).__name__}: {e}"[:4000]})
             except Exception:
                 pass  # the group failed as well: the workers' waits time out; the trainer's error is the one
             raise
-        rows = (t.rows if isinstance(t, RowBlock) else t).detach()
-        flat = rows.contiguous().reshape(-1).view(torch.uint8)
-        _broadcast(link.send_header, {**frame_header(name, t), "nbytes": flat.numel()})
+        _broadcast(link.send_header, header)
         _broadcast(link.bytes, flat)
         nbytes += flat.numel()
         del t, rows, flat  # not held while the next tensor is fetched
@@ -175,8 +184,6 @@ def send_stream(link: _Link, weights: Iterable[tuple[str, torch.Tensor | RowBloc
 def _broadcast(send: Any, what: Any) -> None:
     try:
         send(what)
-    except ValueError:
-        raise  # a header too large to send: nothing went out
     except Exception as e:
         raise GroupFailed(f"weight collective: a broadcast failed ({type(e).__name__}: {e})") from e
 
