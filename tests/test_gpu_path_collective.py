@@ -39,13 +39,15 @@ def _stream() -> list[tuple[str, torch.Tensor | RowBlock]]:
     ]
 
 
-def _sync(tmp_path, weights, fail_after=(None, None)):
-    """One sync to two worker processes; the sender's error and each worker's record."""
+def _sync(tmp_path, weights, fail_after=(None, None), die=(False, False)):
+    """One sync to two worker processes; the sender's error and each worker's record (None for
+    one that ``die`` kills after loading)."""
     ctx = mp.get_context("spawn")
     sender = CollectiveSender(expected=2, timeout_s=TIMEOUT_S)
     outs = [str(tmp_path / f"w{r}.pt") for r in (0, 1)]
     procs = [
-        ctx.Process(target=run_worker, args=(r, sender.address(), outs[r], fail_after[r])) for r in (0, 1)
+        ctx.Process(target=run_worker, args=(r, sender.address(), outs[r], fail_after[r], die[r]))
+        for r in (0, 1)
     ]
     for p in procs:
         p.start()
@@ -54,8 +56,8 @@ def _sync(tmp_path, weights, fail_after=(None, None)):
         p.join(TIMEOUT_S + 60)
     sender.close()
     thread.join(TIMEOUT_S + 60)
-    assert not thread.is_alive() and all(p.exitcode == 0 for p in procs)
-    return sender, [torch.load(o, weights_only=True) for o in outs]
+    assert not thread.is_alive() and [p.exitcode for p in procs] == [3 if d else 0 for d in die]
+    return sender, [None if d else torch.load(o, weights_only=True) for o, d in zip(outs, die, strict=True)]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -127,6 +129,17 @@ def test_gpu_path_collective_trainer_failure_stops_the_workers(tmp_path):
     for rec in records:
         assert "the trainer stopped the weight stream: OSError: rank 3 sent nothing" in rec["error"]
         assert len(rec["got"]) == 2
+
+
+def test_gpu_path_collective_worker_that_dies_before_acknowledging_is_named(tmp_path):
+    """Worker 1 takes every tensor and dies before it acknowledges: once the RPC has returned
+    (close()), the trainer names it at once rather than waiting out the timeout for its answer."""
+    sent = _stream()
+    sender, records = _sync(tmp_path, iter(sent), die=(False, True))
+    assert isinstance(sender.error, RuntimeError)
+    assert "vLLM worker 1 never acknowledged the weights" in str(sender.error)
+    assert records[0]["error"] == ""
+    _check_all(records[0]["got"], sent)
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,9 @@ their in-place writes and tensor-parallel slicing work as there. A worker whose 
 that refuses a header, keeps receiving (and discarding: a refused frame is drained in pieces of
 ``CHUNK`` bytes, whatever its header claims) to the end, so the trainer's broadcasts never wait
 on it; it then reports its error. Each worker acknowledges through the store (``ack/<rank>``:
-``ok`` or its error), and the trainer raises naming the worker that failed. Every wait is bounded
-by ``timeout_s`` (600 s by default, as the socket's).
+``ok`` or its error), and the trainer raises naming the worker that failed, or, once the RPC has
+returned (:meth:`CollectiveSender.close`), the worker that never acknowledged (it died). Every wait
+is bounded by ``timeout_s`` (600 s by default, as the socket's).
 
 Threat model: other local users and processes. The rendezvous is a ``TCPStore`` that the trainer
 serves on 127.0.0.1 only, on a free port, and every key lives under a random secret prefix
@@ -379,8 +380,23 @@ class CollectiveSender(ThreadedSender):
         return None
 
     def _check_acks(self, store: Any) -> None:
-        store.wait(self._acks(), timedelta(seconds=self.timeout_s))
-        if (failure := self._failure(store, self._acks())) is not None:
+        keys = self._acks()
+        deadline = time.monotonic() + self.timeout_s
+        while not store.check(keys):
+            # every worker acknowledges before its RPC returns: once it has (close()), a missing
+            # acknowledgement is a worker that died, and waiting out the timeout would not bring it
+            if self._closed.is_set() and (missing := [k for k in keys if not store.check([k])]):
+                ranks = ", ".join(str(int(k.split("/")[1]) - 1) for k in missing)
+                raise RuntimeError(
+                    f"weight collective: vLLM worker {ranks} never acknowledged the weights "
+                    "(the RPC returned without it: did the worker die?)"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"weight collective: the vLLM workers did not acknowledge in {self.timeout_s} s"
+                )
+            time.sleep(_POLL_S)
+        if (failure := self._failure(store, keys)) is not None:
             raise RuntimeError(failure)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
