@@ -255,6 +255,8 @@ def test_gpu_path_collective_is_the_default_only_for_a_server_on_its_own_gpus():
     assert VllmSettings.from_config(r, "bfloat16", 64, "cuda").weight_transfer == "collective"
     # vLLM on the trainer's GPUs (NCCL cannot pair ranks on one device), or on the CPU: the socket
     assert run_config(*server).actor_rollout_ref.rollout.weight_transfer == "socket"
+    shared = run_config(*server, f"{R}.server_devices=[0, 1]").actor_rollout_ref.rollout
+    assert shared.weight_transfer == "socket"  # device 0 is the trainer's
     assert run_config(*vllm, "trainer.device=cuda").actor_rollout_ref.rollout.weight_transfer == "socket"
     r = run_config(*vllm, f"{R}.placement=server").actor_rollout_ref.rollout
     assert r.weight_transfer == "socket"
@@ -289,6 +291,17 @@ def test_gpu_path_collective_refusals():
     )
     cpu = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m"]
     assert problems(*cpu, f"{R}.weight_transfer=collective") == []  # gloo
+    # a server device that is also the trainer's (its ranks use 0 .. n_gpus_per_node-1)
+    (p,) = problems(
+        *vllm, f"{R}.placement=server", f"{R}.server_devices=[0]", f"{R}.weight_transfer=collective"
+    )
+    assert p.startswith(
+        f"{R}.weight_transfer=collective: server_devices [0] include a device of the trainer's"
+    )
+    assert "set weight_transfer=socket or null, or give the server other devices" in p
+    two = [*vllm, "trainer.n_gpus_per_node=2", f"{R}.placement=server", f"{R}.weight_transfer=collective"]
+    assert len(problems(*two, f"{R}.server_devices=[1]")) == 1
+    assert problems(*two, f"{R}.server_devices=[2]") == []
 
 
 def test_gpu_path_collective_explain_names_the_device(capsys):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.config import sampling as sampling_cfg
-from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank
+from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank, shares_trainer_gpu
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -340,13 +340,19 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
                 f"{key}.server_devices: needs at least tensor_model_parallel_size={tp} distinct device ids "
                 f">= 0, got {list(devices)}"
             )
-    transfer = rollout.weight_transfer
+    transfer, gpus = rollout.weight_transfer, int(cfg.trainer.n_gpus_per_node)
     if transfer is not None and transfer not in WEIGHT_TRANSFERS:
         p.append(f"{key}.weight_transfer: must be null, socket or collective, got {transfer!r}")
     elif transfer == "collective" and cfg.trainer.device == "cuda" and devices is None:
         p.append(
             f"{key}.weight_transfer=collective: on trainer.device=cuda it needs rollout.server_devices (NCCL "
             "cannot put the trainer and a vLLM worker on one GPU); set weight_transfer=socket or null"
+        )
+    elif transfer == "collective" and cfg.trainer.device == "cuda" and shares_trainer_gpu(rollout, gpus):
+        p.append(
+            f"{key}.weight_transfer=collective: server_devices {list(devices)} include a device of the "
+            f"trainer's (0 to trainer.n_gpus_per_node-1={gpus - 1}; NCCL cannot put the trainer and a vLLM "
+            "worker on one GPU); set weight_transfer=socket or null, or give the server other devices"
         )
     if cfg.algorithm.filter_groups.prefetch and rollout.placement != "colocated":
         p.append(
