@@ -315,3 +315,19 @@ def test_gpu_path_collective_explain_names_the_device(capsys):
         == f"{R}.weight_transfer = socket (set null, resolved for trainer.device=cpu)   [default null]"
     )
     assert "collective" in lines[1] and "has no effect" in lines[1]
+
+
+def test_gpu_path_collective_without_effect_is_said():
+    """A transport set for the one in-process worker, which is handed the tensors directly, is
+    warned about; the server's, or two tensor-parallel workers', is not."""
+    from dapo.run_config import build_run_config
+
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m"]
+
+    def warned(*overrides):
+        return [w for w in build_run_config([*vllm, *overrides]).warnings if "weight_transfer" in w]
+
+    (w,) = warned(f"{R}.weight_transfer=collective")
+    assert w.startswith(f"{R}.weight_transfer=collective: no effect here (one in-process vLLM worker")
+    assert warned() == []  # null: nothing set
+    assert warned(f"{R}.weight_transfer=collective", f"{R}.placement=server") == []

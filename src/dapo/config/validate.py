@@ -299,6 +299,18 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
             f"linearly from 0, so step 1's policy update runs at lr 0 (the weights do not move) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
             "(verl's warmup); set lr_warmup_steps=0 to start at the full rate"
         )
+    r = cfg.actor_rollout_ref.rollout
+    if (
+        r.name == "vllm"
+        and r.weight_transfer is not None
+        and r.placement == "colocated"
+        and r.tensor_model_parallel_size == 1
+    ):
+        out.append(
+            f"actor_rollout_ref.rollout.weight_transfer={r.weight_transfer}: no effect here (one in-process "
+            "vLLM worker is handed the tensors directly); it chooses the transport for placement=server or "
+            "tensor_model_parallel_size > 1"
+        )
     out.extend(sampling_cfg.skip_rule_warnings(fg))
     out.extend(
         sampling_cfg.metric_warnings(
