@@ -39,14 +39,16 @@ def _stream() -> list[tuple[str, torch.Tensor | RowBlock]]:
     ]
 
 
-def _sync(tmp_path, weights, fail_after=(None, None), die=(False, False)):
+def _sync(tmp_path, weights, fail_after=(None, None), die=(False, False), die_after=(None, None)):
     """One sync to two worker processes; the sender's error and each worker's record (None for
-    one that ``die`` kills after loading)."""
+    one that dies: ``die`` after loading, ``die_after`` that many tensors)."""
     ctx = mp.get_context("spawn")
     sender = CollectiveSender(expected=2, timeout_s=TIMEOUT_S)
     outs = [str(tmp_path / f"w{r}.pt") for r in (0, 1)]
     procs = [
-        ctx.Process(target=run_worker, args=(r, sender.address(), outs[r], fail_after[r], die[r]))
+        ctx.Process(
+            target=run_worker, args=(r, sender.address(), outs[r], fail_after[r], die[r], die_after[r])
+        )
         for r in (0, 1)
     ]
     for p in procs:
@@ -56,8 +58,9 @@ def _sync(tmp_path, weights, fail_after=(None, None), die=(False, False)):
         p.join(TIMEOUT_S + 60)
     sender.close()
     thread.join(TIMEOUT_S + 60)
-    assert not thread.is_alive() and [p.exitcode for p in procs] == [3 if d else 0 for d in die]
-    return sender, [None if d else torch.load(o, weights_only=True) for o, d in zip(outs, die, strict=True)]
+    dead = [d or n is not None for d, n in zip(die, die_after, strict=True)]
+    assert not thread.is_alive() and [p.exitcode for p in procs] == [3 if d else 0 for d in dead]
+    return sender, [None if d else torch.load(o, weights_only=True) for o, d in zip(outs, dead, strict=True)]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -140,6 +143,16 @@ def test_gpu_path_collective_worker_that_dies_before_acknowledging_is_named(tmp_
     assert "vLLM worker 1 never acknowledged the weights" in str(sender.error)
     assert records[0]["error"] == ""
     _check_all(records[0]["got"], sent)
+
+
+def test_gpu_path_collective_worker_that_dies_midway_stops_the_others(tmp_path):
+    """Worker 1 dies after its 2nd tensor: the trainer's broadcast fails and it lets its group
+    go at once (not when its error, whose traceback holds the group, is collected), so worker 0
+    hears the group close instead of waiting out the timeout for the next broadcast."""
+    sender, records = _sync(tmp_path, iter(_stream()), die_after=(None, 2))
+    assert "a broadcast failed" in str(sender.error)
+    assert len(records[0]["got"]) in (2, 3)  # the 3rd may have gone before the broadcast failed
+    assert records[0]["error"].startswith("RuntimeError: ") and "Timed out" not in records[0]["error"]
 
 
 @pytest.mark.parametrize(

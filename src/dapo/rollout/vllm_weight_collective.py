@@ -280,9 +280,10 @@ def receive_into(
     if store.get("start") != b"go":
         raise RuntimeError("weight collective: the trainer gave the sync up before it started")
     pg = new_group(store, rank, world_size, backend, timeout_s)
+    link = _Link(pg, device)
     error: BaseException | None = None
     try:
-        rx = Receiver(_Link(pg, device))
+        rx = Receiver(link)
         try:
             consume(rx.frames())
         except BaseException as e:
@@ -301,6 +302,10 @@ def receive_into(
             f"ack/{rank}", "ok" if error is None else f"{type(error).__name__}: {error}"[:4000] or "error"
         )
         _shutdown(pg)
+        # the error's traceback holds the receiver, and so the link, in a reference cycle: a group
+        # left to the garbage collector outlives the sync (its sockets open), and one destroyed at
+        # the interpreter's exit aborts the process (gloo's threads)
+        link.pg = None
         del pg
     if error is not None:
         raise error
@@ -402,7 +407,7 @@ class CollectiveSender(ThreadedSender):
     def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
         """Broadcast ``weights`` to every worker and wait for each to acknowledge; the bytes sent."""
         store = dist.PrefixStore(self.prefix + "/", self._master)
-        pg = None
+        pg = link = None
         try:
             try:
                 self._wait_for_workers(store)
@@ -412,7 +417,7 @@ class CollectiveSender(ThreadedSender):
             store.set("start", "go")
             pg = new_group(store, 0, self.expected + 1, self.backend, self.timeout_s)
             try:
-                nbytes = send_stream(_Link(pg, self.device), weights)
+                nbytes = send_stream(link := _Link(pg, self.device), weights)
             except GroupFailed as e:
                 # a worker that gave up (not drained, e.g. a header it could not follow) breaks the
                 # group; its own error, once acknowledged, says more than the broken group's
@@ -425,6 +430,8 @@ class CollectiveSender(ThreadedSender):
         finally:
             if pg is not None:
                 _shutdown(pg)
+            if link is not None:  # self.error's traceback holds the link: the group goes now, not with it
+                link.pg = None
             del pg, store
             self._master = None  # the workers are done with it (acknowledged, or the sync failed)
 
