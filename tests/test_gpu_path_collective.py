@@ -119,6 +119,19 @@ def test_gpu_path_collective_refuses_a_dtype_that_is_not_a_weights(tmp_path):
         assert "not a weight's" in rec["error"] and [g[0] for g in rec["got"]] == ["a.weight"]
 
 
+def test_gpu_path_collective_refuses_a_frame_larger_than_the_workers_largest_tensor(tmp_path):
+    """A header claiming more elements than the worker's largest tensor (64 for the stand-in) is
+    refused before anything is allocated for it; its bytes are drained and the sync goes on to
+    its end, so the next tensor still arrives in step (and is dropped: the loader has failed)."""
+    sent = [("a.weight", torch.ones(2)), ("huge", torch.ones(65)), ("b", torch.ones(1))]
+    sender, records = _sync(tmp_path, iter(sent))
+    assert "huge has shape [65], more elements than the largest tensor this worker takes (64)" in str(
+        sender.error
+    )
+    for rec in records:
+        assert "more elements than the largest" in rec["error"] and [g[0] for g in rec["got"]] == ["a.weight"]
+
+
 def test_gpu_path_collective_trainer_failure_stops_the_workers(tmp_path):
     """The trainer's own iterator fails after two tensors (a rank's piece did not come): the
     workers are told, stop with that error, and the trainer raises its own."""

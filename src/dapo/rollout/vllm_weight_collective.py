@@ -40,6 +40,7 @@ load inside vLLM's worker processes.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import socket
 import threading
@@ -193,8 +194,9 @@ class Receiver:
     """The worker's side of one stream: :meth:`frames` yields what arrives; :meth:`drain` reads
     (and drops) the rest of the stream after the consumer stopped early."""
 
-    def __init__(self, link: _Link):
+    def __init__(self, link: _Link, max_numel: int | None = None):
         self.link = link
+        self.max_numel = max_numel  # the most elements one frame may claim (a shape is a claim)
         self.ended = False
         self.out_of_step = False
 
@@ -222,6 +224,11 @@ class Receiver:
                 if f.nbytes != nbytes:
                     raise ValueError(
                         f"weight collective: {f.name} is {f.nbytes} bytes, the header says {nbytes}"
+                    )
+                if self.max_numel is not None and math.prod(f.shape) > self.max_numel:
+                    raise ValueError(
+                        f"weight collective: {f.name} has shape {list(f.shape)}, more elements than the "
+                        f"largest tensor this worker takes ({self.max_numel})"
                     )
             except ValueError:
                 self.link.skip(nbytes)  # still in step with the trainer for drain()
@@ -270,11 +277,12 @@ def receive_into(
     backend: str,
     device: torch.device,
     timeout_s: float = 600.0,
+    max_numel: int | None = None,
 ) -> None:
     """The worker's side of a sync (rank >= 1): join the group, hand the stream to ``consume``
     (an iterator of ``(name, tensor | RowBlock)`` pairs, read to its end), drain what it left,
     acknowledge through the store, destroy the group; a failure is acknowledged with its text
-    and re-raised."""
+    and re-raised. A frame of more than ``max_numel`` elements is refused before it is allocated."""
     store = dist.PrefixStore(prefix + "/", _store(host, port, False, timeout_s))
     store.set(f"join/{rank}", "ready")
     if store.get("start") != b"go":
@@ -283,7 +291,7 @@ def receive_into(
     link = _Link(pg, device)
     error: BaseException | None = None
     try:
-        rx = Receiver(link)
+        rx = Receiver(link, max_numel)
         try:
             consume(rx.frames())
         except BaseException as e:
