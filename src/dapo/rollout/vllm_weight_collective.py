@@ -33,7 +33,8 @@ know it cannot find the group's keys, join the group or overwrite an acknowledge
 still connect to the store's port and disturb it (the store itself has no authentication), and
 gloo's own peer connections, also on 127.0.0.1, carry no token as the socket stream's do; what
 such a process could feed a worker is still only a JSON header and the raw bytes of a weight
-dtype, never code. This module imports only torch, the standard library and dapo modules that
+dtype, never code, and no frame of more elements than the worker's largest tensor (refused before
+it is allocated). This module imports only torch, the standard library and dapo modules that
 load inside vLLM's worker processes.
 """
 
