@@ -39,13 +39,17 @@ def _stream() -> list[tuple[str, torch.Tensor | RowBlock]]:
     ]
 
 
-def _sync(tmp_path, weights, fail_after=(None, None)):
-    """One sync to two worker processes; the sender's error and each worker's record."""
+def _sync(tmp_path, weights, fail_after=(None, None), die=(False, False), die_after=(None, None)):
+    """One sync to two worker processes; the sender's error and each worker's record (None for
+    one that dies: ``die`` after loading, ``die_after`` that many tensors)."""
     ctx = mp.get_context("spawn")
     sender = CollectiveSender(expected=2, timeout_s=TIMEOUT_S)
     outs = [str(tmp_path / f"w{r}.pt") for r in (0, 1)]
     procs = [
-        ctx.Process(target=run_worker, args=(r, sender.address(), outs[r], fail_after[r])) for r in (0, 1)
+        ctx.Process(
+            target=run_worker, args=(r, sender.address(), outs[r], fail_after[r], die[r], die_after[r])
+        )
+        for r in (0, 1)
     ]
     for p in procs:
         p.start()
@@ -54,8 +58,9 @@ def _sync(tmp_path, weights, fail_after=(None, None)):
         p.join(TIMEOUT_S + 60)
     sender.close()
     thread.join(TIMEOUT_S + 60)
-    assert not thread.is_alive() and all(p.exitcode == 0 for p in procs)
-    return sender, [torch.load(o, weights_only=True) for o in outs]
+    dead = [d or n is not None for d, n in zip(die, die_after, strict=True)]
+    assert not thread.is_alive() and [p.exitcode for p in procs] == [3 if d else 0 for d in dead]
+    return sender, [None if d else torch.load(o, weights_only=True) for o, d in zip(outs, dead, strict=True)]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -114,6 +119,19 @@ def test_gpu_path_collective_refuses_a_dtype_that_is_not_a_weights(tmp_path):
         assert "not a weight's" in rec["error"] and [g[0] for g in rec["got"]] == ["a.weight"]
 
 
+def test_gpu_path_collective_refuses_a_frame_larger_than_the_workers_largest_tensor(tmp_path):
+    """A header claiming more elements than the worker's largest tensor (64 for the stand-in) is
+    refused before anything is allocated for it; its bytes are drained and the sync goes on to
+    its end, so the next tensor still arrives in step (and is dropped: the loader has failed)."""
+    sent = [("a.weight", torch.ones(2)), ("huge", torch.ones(65)), ("b", torch.ones(1))]
+    sender, records = _sync(tmp_path, iter(sent))
+    assert "huge has shape [65], more elements than the largest tensor this worker takes (64)" in str(
+        sender.error
+    )
+    for rec in records:
+        assert "more elements than the largest" in rec["error"] and [g[0] for g in rec["got"]] == ["a.weight"]
+
+
 def test_gpu_path_collective_trainer_failure_stops_the_workers(tmp_path):
     """The trainer's own iterator fails after two tensors (a rank's piece did not come): the
     workers are told, stop with that error, and the trainer raises its own."""
@@ -126,6 +144,46 @@ def test_gpu_path_collective_trainer_failure_stops_the_workers(tmp_path):
     assert isinstance(sender.error, OSError) and str(sender.error) == "rank 3 sent nothing"
     for rec in records:
         assert "the trainer stopped the weight stream: OSError: rank 3 sent nothing" in rec["error"]
+        assert len(rec["got"]) == 2
+
+
+def test_gpu_path_collective_worker_that_dies_before_acknowledging_is_named(tmp_path):
+    """Worker 1 takes every tensor and dies before it acknowledges: once the RPC has returned
+    (close()), the trainer names it at once rather than waiting out the timeout for its answer."""
+    sent = _stream()
+    sender, records = _sync(tmp_path, iter(sent), die=(False, True))
+    assert isinstance(sender.error, RuntimeError)
+    assert "vLLM worker 1 never acknowledged the weights" in str(sender.error)
+    assert records[0]["error"] == ""
+    _check_all(records[0]["got"], sent)
+
+
+def test_gpu_path_collective_worker_that_dies_midway_stops_the_others(tmp_path):
+    """Worker 1 dies after its 2nd tensor: the trainer's broadcast fails and it lets its group
+    go at once (not when its error, whose traceback holds the group, is collected), so worker 0
+    hears the group close instead of waiting out the timeout for the next broadcast."""
+    sender, records = _sync(tmp_path, iter(_stream()), die_after=(None, 2))
+    assert "a broadcast failed" in str(sender.error)
+    assert len(records[0]["got"]) in (2, 3)  # the 3rd may have gone before the broadcast failed
+    assert records[0]["error"].startswith("RuntimeError: ") and "Timed out" not in records[0]["error"]
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (("x" * 2**20, torch.ones(1)), "ValueError: weight collective: a header of"),
+        (("x", [1.0, 2.0]), "AttributeError: 'list' object has no attribute 'detach'"),
+    ],
+    ids=["header-too-large", "not-a-tensor"],
+)
+def test_gpu_path_collective_frame_the_trainer_cannot_send_stops_the_workers(tmp_path, bad, says):
+    """A frame that fails on the trainer before any of it is broadcast (its header too large, or
+    not a tensor) ends the stream with the trainer's error: the workers stop at once instead of
+    waiting out the group's timeout for a header that never comes."""
+    sender, records = _sync(tmp_path, iter([*_stream()[:2], bad]))
+    assert says in f"{type(sender.error).__name__}: {sender.error}"
+    for rec in records:
+        assert f"the trainer stopped the weight stream: {says}" in rec["error"]
         assert len(rec["got"]) == 2
 
 
@@ -223,6 +281,8 @@ def test_gpu_path_collective_is_the_default_only_for_a_server_on_its_own_gpus():
     assert VllmSettings.from_config(r, "bfloat16", 64, "cuda").weight_transfer == "collective"
     # vLLM on the trainer's GPUs (NCCL cannot pair ranks on one device), or on the CPU: the socket
     assert run_config(*server).actor_rollout_ref.rollout.weight_transfer == "socket"
+    shared = run_config(*server, f"{R}.server_devices=[0, 1]").actor_rollout_ref.rollout
+    assert shared.weight_transfer == "socket"  # device 0 is the trainer's
     assert run_config(*vllm, "trainer.device=cuda").actor_rollout_ref.rollout.weight_transfer == "socket"
     r = run_config(*vllm, f"{R}.placement=server").actor_rollout_ref.rollout
     assert r.weight_transfer == "socket"
@@ -257,6 +317,17 @@ def test_gpu_path_collective_refusals():
     )
     cpu = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m"]
     assert problems(*cpu, f"{R}.weight_transfer=collective") == []  # gloo
+    # a server device that is also the trainer's (its ranks use 0 .. n_gpus_per_node-1)
+    (p,) = problems(
+        *vllm, f"{R}.placement=server", f"{R}.server_devices=[0]", f"{R}.weight_transfer=collective"
+    )
+    assert p.startswith(
+        f"{R}.weight_transfer=collective: server_devices [0] include a device of the trainer's"
+    )
+    assert "set weight_transfer=socket or null, or give the server other devices" in p
+    two = [*vllm, "trainer.n_gpus_per_node=2", f"{R}.placement=server", f"{R}.weight_transfer=collective"]
+    assert len(problems(*two, f"{R}.server_devices=[1]")) == 1
+    assert problems(*two, f"{R}.server_devices=[2]") == []
 
 
 def test_gpu_path_collective_explain_names_the_device(capsys):
@@ -270,3 +341,19 @@ def test_gpu_path_collective_explain_names_the_device(capsys):
         == f"{R}.weight_transfer = socket (set null, resolved for trainer.device=cpu)   [default null]"
     )
     assert "collective" in lines[1] and "has no effect" in lines[1]
+
+
+def test_gpu_path_collective_without_effect_is_said():
+    """A transport set for the one in-process worker, which is handed the tensors directly, is
+    warned about; the server's, or two tensor-parallel workers', is not."""
+    from dapo.run_config import build_run_config
+
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/models/m"]
+
+    def warned(*overrides):
+        return [w for w in build_run_config([*vllm, *overrides]).warnings if "weight_transfer" in w]
+
+    (w,) = warned(f"{R}.weight_transfer=collective")
+    assert w.startswith(f"{R}.weight_transfer=collective: no effect here (one in-process vLLM worker")
+    assert warned() == []  # null: nothing set
+    assert warned(f"{R}.weight_transfer=collective", f"{R}.placement=server") == []

@@ -16,8 +16,8 @@ fallbacks. ``dapo.config.pipeline.build_config`` calls it once per run; after th
   on CUDA): ``rollout.gpu_memory_utilization`` null -> 0.5 on cuda; ``rollout.dtype`` null ->
   bfloat16 on cuda (float16 for an fp16 actor); ``rollout.enforce_eager`` null -> false on cuda,
   true on cpu; ``rollout.per_request_seed`` null -> false on cuda, true on cpu;
-  ``rollout.weight_transfer`` null -> collective on cuda for a server on ``server_devices`` (NCCL,
-  GPU to GPU), socket otherwise (ours)
+  ``rollout.weight_transfer`` null -> collective on cuda for a server on ``server_devices`` none of
+  which the trainer's ranks use (NCCL, GPU to GPU), socket otherwise (ours)
 * ``actor.clip_ratio_low`` / ``clip_ratio_high``: null -> ``actor.clip_ratio``
 * ``actor.ppo_micro_batch_size_per_gpu``: null -> the deprecated global ``ppo_micro_batch_size``
   divided by the data-parallel size (``trainer.nnodes x trainer.n_gpus_per_node`` over the
@@ -72,8 +72,15 @@ DEVICE_DEFAULT_KEYS = tuple(
 )
 
 
-def rollout_engine_defaults(rollout: Any, device: str, model_dtype: str) -> None:
-    """Fill ``rollout``'s null vLLM keys that have a per-device default, in place."""
+def shares_trainer_gpu(rollout: Any, trainer_gpus: int) -> bool:
+    """Whether ``rollout.server_devices`` names one of the trainer's own devices (its ranks use
+    devices 0 .. ``trainer_gpus`` - 1), where NCCL cannot pair a vLLM worker with the trainer."""
+    return any(0 <= int(d) < trainer_gpus for d in rollout.server_devices or ())
+
+
+def rollout_engine_defaults(rollout: Any, device: str, model_dtype: str, trainer_gpus: int = 1) -> None:
+    """Fill ``rollout``'s null vLLM keys that have a per-device default, in place (``trainer_gpus``:
+    the devices the trainer's ranks use on a node, ``trainer.n_gpus_per_node``)."""
     cuda = device == "cuda"
     if cuda and rollout.gpu_memory_utilization is None:
         rollout.gpu_memory_utilization = 0.5
@@ -84,7 +91,12 @@ def rollout_engine_defaults(rollout: Any, device: str, model_dtype: str) -> None
     if rollout.per_request_seed is None:
         rollout.per_request_seed = not cuda
     if rollout.weight_transfer is None:
-        own_gpus = cuda and rollout.placement == "server" and rollout.server_devices is not None
+        own_gpus = (
+            cuda
+            and rollout.placement == "server"
+            and rollout.server_devices is not None
+            and not shares_trainer_gpu(rollout, trainer_gpus)
+        )
         rollout.weight_transfer = "collective" if own_gpus else "socket"
 
 
@@ -114,7 +126,7 @@ def resolve(cfg: Any, num_train_rows: int | None = None) -> Any:
         m.tokenizer_path = m.path
     if r.seed is None:
         r.seed = tr.seed
-    rollout_engine_defaults(r, str(tr.device), str(a.fsdp_config.model_dtype))
+    rollout_engine_defaults(r, str(tr.device), str(a.fsdp_config.model_dtype), int(tr.n_gpus_per_node))
 
     if a.clip_ratio_low is None:
         a.clip_ratio_low = a.clip_ratio

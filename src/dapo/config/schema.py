@@ -348,7 +348,8 @@ class RolloutConfig:
     # directly and this key has no effect): "socket" streams them over a local socket through host memory;
     # "collective" broadcasts them in a torch.distributed group (gloo on cpu, nccl on cuda: GPU to GPU, but
     # only to a server on server_devices, as NCCL cannot put the trainer and a worker on one GPU); null:
-    # collective on cuda with server_devices, socket otherwise
+    # collective on cuda with server_devices none of which the trainer uses (0 .. n_gpus_per_node-1),
+    # socket otherwise
     weight_transfer: str | None = None
     # the most bytes (MiB) of weights one sync round carries from the actor ranks (verl's
     # checkpoint_engine.update_weights_bucket_megabytes): the trainer holds one bucket at a time

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.config import sampling as sampling_cfg
-from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank
+from dapo.config.resolve import data_parallel_size, max_resp_len, per_rank, shares_trainer_gpu
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 TRUNCATION = ("left", "right", "middle", "error")
@@ -299,6 +299,18 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
             f"linearly from 0, so step 1's policy update runs at lr 0 (the weights do not move) and step k uses lr x (k-1)/{o.lr_warmup_steps} "
             "(verl's warmup); set lr_warmup_steps=0 to start at the full rate"
         )
+    r = cfg.actor_rollout_ref.rollout
+    if (
+        r.name == "vllm"
+        and r.weight_transfer is not None
+        and r.placement == "colocated"
+        and r.tensor_model_parallel_size == 1
+    ):
+        out.append(
+            f"actor_rollout_ref.rollout.weight_transfer={r.weight_transfer}: no effect here (one in-process "
+            "vLLM worker is handed the tensors directly); it chooses the transport for placement=server or "
+            "tensor_model_parallel_size > 1"
+        )
     out.extend(sampling_cfg.skip_rule_warnings(fg))
     out.extend(
         sampling_cfg.metric_warnings(
@@ -340,13 +352,19 @@ def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:
                 f"{key}.server_devices: needs at least tensor_model_parallel_size={tp} distinct device ids "
                 f">= 0, got {list(devices)}"
             )
-    transfer = rollout.weight_transfer
+    transfer, gpus = rollout.weight_transfer, int(cfg.trainer.n_gpus_per_node)
     if transfer is not None and transfer not in WEIGHT_TRANSFERS:
         p.append(f"{key}.weight_transfer: must be null, socket or collective, got {transfer!r}")
     elif transfer == "collective" and cfg.trainer.device == "cuda" and devices is None:
         p.append(
             f"{key}.weight_transfer=collective: on trainer.device=cuda it needs rollout.server_devices (NCCL "
             "cannot put the trainer and a vLLM worker on one GPU); set weight_transfer=socket or null"
+        )
+    elif transfer == "collective" and cfg.trainer.device == "cuda" and shares_trainer_gpu(rollout, gpus):
+        p.append(
+            f"{key}.weight_transfer=collective: server_devices {list(devices)} include a device of the "
+            f"trainer's (0 to trainer.n_gpus_per_node-1={gpus - 1}; NCCL cannot put the trainer and a vLLM "
+            "worker on one GPU); set weight_transfer=socket or null, or give the server other devices"
         )
     if cfg.algorithm.filter_groups.prefetch and rollout.placement != "colocated":
         p.append(

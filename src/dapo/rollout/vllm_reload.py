@@ -194,6 +194,13 @@ def load_tables_in_place(
         m.quant_method.process_weights_after_loading(m)
 
 
+def largest_numel(worker: Any) -> int:
+    """The most elements a checkpoint tensor for ``worker`` holds: no checkpoint tensor holds more
+    than the largest of its shards, whole."""
+    tp = int(getattr(worker.vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+    return max((p.numel() for p in worker.get_model().parameters()), default=0) * tp
+
+
 def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> None:
     """``worker.reload_weights(weights_iterator=weights)``, with the tables written in place (an
     unquantized model; a quantized one is reloaded by vLLM alone). A table's blocks of rows are
@@ -205,10 +212,7 @@ def reload_with_tables_in_place(worker: Any, weights: Iterable[tuple[str, torch.
     model = worker.get_model()
     quantized = worker.vllm_config.model_config.quantization is not None
     tables = {} if quantized else embedding_tables(model)
-    tp = int(getattr(worker.vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
-    # no checkpoint tensor holds more elements than the largest of this worker's shards, whole
-    largest = max((p.numel() for p in model.parameters()), default=0) * tp
-    assembly = RowAssembly("weight sync", max_numel=largest)
+    assembly = RowAssembly("weight sync", max_numel=largest_numel(worker))
     assembled: set[str] = set()
     worker.dapo_last_reload = {"in_place": set(), "assembled": assembled}
     if not tables:

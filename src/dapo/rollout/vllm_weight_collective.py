@@ -22,8 +22,9 @@ their in-place writes and tensor-parallel slicing work as there. A worker whose 
 that refuses a header, keeps receiving (and discarding: a refused frame is drained in pieces of
 ``CHUNK`` bytes, whatever its header claims) to the end, so the trainer's broadcasts never wait
 on it; it then reports its error. Each worker acknowledges through the store (``ack/<rank>``:
-``ok`` or its error), and the trainer raises naming the worker that failed. Every wait is bounded
-by ``timeout_s`` (600 s by default, as the socket's).
+``ok`` or its error), and the trainer raises naming the worker that failed, or, once the RPC has
+returned (:meth:`CollectiveSender.close`), the worker that never acknowledged (it died). Every wait
+is bounded by ``timeout_s`` (600 s by default, as the socket's).
 
 Threat model: other local users and processes. The rendezvous is a ``TCPStore`` that the trainer
 serves on 127.0.0.1 only, on a free port, and every key lives under a random secret prefix
@@ -32,13 +33,15 @@ know it cannot find the group's keys, join the group or overwrite an acknowledge
 still connect to the store's port and disturb it (the store itself has no authentication), and
 gloo's own peer connections, also on 127.0.0.1, carry no token as the socket stream's do; what
 such a process could feed a worker is still only a JSON header and the raw bytes of a weight
-dtype, never code. This module imports only torch, the standard library and dapo modules that
+dtype, never code, and no frame of more elements than the worker's largest tensor (refused before
+it is allocated). This module imports only torch, the standard library and dapo modules that
 load inside vLLM's worker processes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import socket
 import threading
@@ -111,10 +114,8 @@ class _Link:
         for s in range(0, nbytes, CHUNK):
             self.broadcast(scratch[: min(CHUNK, nbytes - s)])
 
-    def send_header(self, header: dict[str, Any]) -> None:
-        raw = json.dumps(header).encode()
-        if len(raw) > MAX_HEADER:
-            raise ValueError(f"weight collective: a header of {len(raw)} bytes (at most {MAX_HEADER})")
+    def send_header(self, header: dict[str, Any] | bytes) -> None:
+        raw = header if isinstance(header, bytes) else encode_header(header)
         self.broadcast(torch.tensor([len(raw)], dtype=torch.int64, device=self.device))
         self.bytes(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
@@ -146,25 +147,36 @@ class GroupFailed(RuntimeError):
     """A broadcast failed: the group is broken (a worker left it, or a wait timed out)."""
 
 
+def encode_header(header: dict[str, Any]) -> bytes:
+    """``header`` as it is broadcast; ``ValueError`` when it is larger than a worker takes."""
+    raw = json.dumps(header).encode()
+    if len(raw) > MAX_HEADER:
+        raise ValueError(f"weight collective: a header of {len(raw)} bytes (at most {MAX_HEADER})")
+    return raw
+
+
 def send_stream(link: _Link, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
     """Broadcast ``weights`` then the end header (the trainer's side); the bytes sent. A failure
-    of the iterator is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised; a
-    failed broadcast raises :class:`GroupFailed`."""
+    of the iterator, or of a frame before any of it went out (not a tensor, a header too large),
+    is broadcast as an ``end`` with ``error`` (the workers stop) and re-raised; a failed broadcast
+    raises :class:`GroupFailed`."""
     nbytes, it = 0, iter(weights)
     while True:
         try:
             name, t = next(it)
+            rows = (t.rows if isinstance(t, RowBlock) else t).detach()
+            flat = rows.contiguous().reshape(-1).view(torch.uint8)
+            header = encode_header({**frame_header(name, t), "nbytes": flat.numel()})
         except StopIteration:
             break
         except BaseException as e:
+            # the workers wait for a header: without this end they would wait out the timeout
             try:
                 link.send_header({"end": True, "error": f"{type(e).__name__}: {e}"[:4000]})
             except Exception:
                 pass  # the group failed as well: the workers' waits time out; the trainer's error is the one
             raise
-        rows = (t.rows if isinstance(t, RowBlock) else t).detach()
-        flat = rows.contiguous().reshape(-1).view(torch.uint8)
-        _broadcast(link.send_header, {**frame_header(name, t), "nbytes": flat.numel()})
+        _broadcast(link.send_header, header)
         _broadcast(link.bytes, flat)
         nbytes += flat.numel()
         del t, rows, flat  # not held while the next tensor is fetched
@@ -175,8 +187,6 @@ def send_stream(link: _Link, weights: Iterable[tuple[str, torch.Tensor | RowBloc
 def _broadcast(send: Any, what: Any) -> None:
     try:
         send(what)
-    except ValueError:
-        raise  # a header too large to send: nothing went out
     except Exception as e:
         raise GroupFailed(f"weight collective: a broadcast failed ({type(e).__name__}: {e})") from e
 
@@ -185,8 +195,9 @@ class Receiver:
     """The worker's side of one stream: :meth:`frames` yields what arrives; :meth:`drain` reads
     (and drops) the rest of the stream after the consumer stopped early."""
 
-    def __init__(self, link: _Link):
+    def __init__(self, link: _Link, max_numel: int | None = None):
         self.link = link
+        self.max_numel = max_numel  # the most elements one frame may claim (a shape is a claim)
         self.ended = False
         self.out_of_step = False
 
@@ -214,6 +225,11 @@ class Receiver:
                 if f.nbytes != nbytes:
                     raise ValueError(
                         f"weight collective: {f.name} is {f.nbytes} bytes, the header says {nbytes}"
+                    )
+                if self.max_numel is not None and math.prod(f.shape) > self.max_numel:
+                    raise ValueError(
+                        f"weight collective: {f.name} has shape {list(f.shape)}, more elements than the "
+                        f"largest tensor this worker takes ({self.max_numel})"
                     )
             except ValueError:
                 self.link.skip(nbytes)  # still in step with the trainer for drain()
@@ -262,19 +278,21 @@ def receive_into(
     backend: str,
     device: torch.device,
     timeout_s: float = 600.0,
+    max_numel: int | None = None,
 ) -> None:
     """The worker's side of a sync (rank >= 1): join the group, hand the stream to ``consume``
     (an iterator of ``(name, tensor | RowBlock)`` pairs, read to its end), drain what it left,
     acknowledge through the store, destroy the group; a failure is acknowledged with its text
-    and re-raised."""
+    and re-raised. A frame of more than ``max_numel`` elements is refused before it is allocated."""
     store = dist.PrefixStore(prefix + "/", _store(host, port, False, timeout_s))
     store.set(f"join/{rank}", "ready")
     if store.get("start") != b"go":
         raise RuntimeError("weight collective: the trainer gave the sync up before it started")
     pg = new_group(store, rank, world_size, backend, timeout_s)
+    link = _Link(pg, device)
     error: BaseException | None = None
     try:
-        rx = Receiver(_Link(pg, device))
+        rx = Receiver(link, max_numel)
         try:
             consume(rx.frames())
         except BaseException as e:
@@ -293,6 +311,10 @@ def receive_into(
             f"ack/{rank}", "ok" if error is None else f"{type(error).__name__}: {error}"[:4000] or "error"
         )
         _shutdown(pg)
+        # the error's traceback holds the receiver, and so the link, in a reference cycle: a group
+        # left to the garbage collector outlives the sync (its sockets open), and one destroyed at
+        # the interpreter's exit aborts the process (gloo's threads)
+        link.pg = None
         del pg
     if error is not None:
         raise error
@@ -372,14 +394,29 @@ class CollectiveSender(ThreadedSender):
         return None
 
     def _check_acks(self, store: Any) -> None:
-        store.wait(self._acks(), timedelta(seconds=self.timeout_s))
-        if (failure := self._failure(store, self._acks())) is not None:
+        keys = self._acks()
+        deadline = time.monotonic() + self.timeout_s
+        while not store.check(keys):
+            # every worker acknowledges before its RPC returns: once it has (close()), a missing
+            # acknowledgement is a worker that died, and waiting out the timeout would not bring it
+            if self._closed.is_set() and (missing := [k for k in keys if not store.check([k])]):
+                ranks = ", ".join(str(int(k.split("/")[1]) - 1) for k in missing)
+                raise RuntimeError(
+                    f"weight collective: vLLM worker {ranks} never acknowledged the weights "
+                    "(the RPC returned without it: did the worker die?)"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"weight collective: the vLLM workers did not acknowledge in {self.timeout_s} s"
+                )
+            time.sleep(_POLL_S)
+        if (failure := self._failure(store, keys)) is not None:
             raise RuntimeError(failure)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor | RowBlock]]) -> int:
         """Broadcast ``weights`` to every worker and wait for each to acknowledge; the bytes sent."""
         store = dist.PrefixStore(self.prefix + "/", self._master)
-        pg = None
+        pg = link = None
         try:
             try:
                 self._wait_for_workers(store)
@@ -389,7 +426,7 @@ class CollectiveSender(ThreadedSender):
             store.set("start", "go")
             pg = new_group(store, 0, self.expected + 1, self.backend, self.timeout_s)
             try:
-                nbytes = send_stream(_Link(pg, self.device), weights)
+                nbytes = send_stream(link := _Link(pg, self.device), weights)
             except GroupFailed as e:
                 # a worker that gave up (not drained, e.g. a header it could not follow) breaks the
                 # group; its own error, once acknowledged, says more than the broken group's
@@ -402,6 +439,8 @@ class CollectiveSender(ThreadedSender):
         finally:
             if pg is not None:
                 _shutdown(pg)
+            if link is not None:  # self.error's traceback holds the link: the group goes now, not with it
+                link.pg = None
             del pg, store
             self._master = None  # the workers are done with it (acknowledged, or the sync failed)
 

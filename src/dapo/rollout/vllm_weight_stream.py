@@ -284,6 +284,7 @@ class WeightReceiver:
         from dapo.rollout.vllm_weight_collective import receive_into
 
         rank = int(self.rank) + 1  # type: ignore[attr-defined]  # vLLM's worker
+        # unlike the socket's, the group's peers present no token: a shape is only a claim
         device = self.device if backend == "nccl" else torch.device("cpu")  # type: ignore[attr-defined]
         receive_into(
             self.dapo_reload_weights,
@@ -295,4 +296,11 @@ class WeightReceiver:
             backend,
             device,
             float(timeout_s),
+            self.dapo_largest_numel(),
         )
+
+    def dapo_largest_numel(self) -> int:
+        """The most elements a checkpoint tensor for this worker holds (its largest shard, whole)."""
+        from dapo.rollout.vllm_reload import largest_numel
+
+        return largest_numel(self)
