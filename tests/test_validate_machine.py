@@ -200,36 +200,39 @@ def test_an_interpolation_that_does_not_resolve_is_one_line_not_a_rules_tracebac
     assert "DAPO_TEST_NO_SUCH_VAR" in lines[0]
 
 
-def test_gpu_path_a_server_sharing_a_trainer_gpu_cannot_take_weights_over_nccl(capsys, gpus, monkeypatch):
-    """A server on devices of its own takes the weights by an NCCL broadcast by default; NCCL
-    cannot put two ranks on one GPU, so server devices that a trainer rank also uses are refused
-    (naming them, the trainer's, and both ways out), counted in CUDA_VISIBLE_DEVICES' numbering."""
+def test_gpu_path_server_devices_must_be_devices_the_trainer_sees(capsys, gpus):
+    """server_devices count the devices the trainer sees, as its ranks' cuda:i do; an id past
+    them is named with the count."""
     gpus(4)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     server = [
         "trainer.device=cuda",
-        "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.placement=server",
     ]
     assert main(["validate", *server, "actor_rollout_ref.rollout.server_devices=[2,3]"]) == 0
     capsys.readouterr()
-    rc, lines = _validate(capsys, *server, "actor_rollout_ref.rollout.server_devices=[1,2]")
+    rc, lines = _validate(capsys, *server, "actor_rollout_ref.rollout.server_devices=[3,4]")
     assert rc == 2
     assert lines == [
-        "dapo: invalid configuration: actor_rollout_ref.rollout.server_devices=[1, 2]: device(s) [1] are "
-        "also the trainer's (its 2 rank(s) use [0, 1]), and weight_transfer=collective broadcasts over NCCL, "
-        "which cannot put two ranks on one GPU; give the server other devices, or set "
-        "actor_rollout_ref.rollout.weight_transfer=socket"
+        "dapo: invalid configuration: actor_rollout_ref.rollout.server_devices=[3, 4]: this machine shows "
+        "4 CUDA device(s) to the trainer, numbered 0 to 3 (within CUDA_VISIBLE_DEVICES when it is set); "
+        "pick the server's ids among them"
     ]
-    # the socket shares a device without NCCL
-    sharing = [*server, "actor_rollout_ref.rollout.server_devices=[1,2]"]
-    assert main(["validate", *sharing, "actor_rollout_ref.rollout.weight_transfer=socket"]) == 0
-    # the trainer's devices are its visible ones: here physical 2 and 3
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    capsys.readouterr()
-    rc, lines = _validate(capsys, *server, "actor_rollout_ref.rollout.server_devices=[0,3]")
-    assert rc == 2 and any(
-        "device(s) [3] are also the trainer's (its 2 rank(s) use [2, 3])" in x for x in lines
-    )
-    assert main(["validate", *server, "actor_rollout_ref.rollout.server_devices=[0,1]"]) == 0
+
+
+def test_gpu_path_server_devices_are_counted_within_the_trainers_visible_devices():
+    """The server's CUDA_VISIBLE_DEVICES picks its ids out of the trainer's own list (indices or
+    UUIDs), so the config's rule that the trainer's ranks use devices 0 .. n-1 holds however the
+    machine's devices were narrowed; an id past the list is refused naming it."""
+    from dapo.rollout.vllm_server import visible_devices
+
+    assert visible_devices([2, 3], None) == "2,3"
+    assert visible_devices([2, 3], "") == "2,3"
+    assert visible_devices([0, 2], "4,5,6,7") == "4,6"
+    assert visible_devices([1], "GPU-aa, GPU-bb") == "GPU-bb"
+    with pytest.raises(
+        ValueError,
+        match=r"server_devices=\[2\]: the trainer sees 2 CUDA device\(s\) "
+        r"\(CUDA_VISIBLE_DEVICES=4,5\), numbered 0 to 1",
+    ):
+        visible_devices([2], "4,5")

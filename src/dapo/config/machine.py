@@ -8,7 +8,6 @@ trained on another, and the trainer reports a missing file or device when it mee
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -151,41 +150,11 @@ def device_problems(cfg: Any) -> list[str]:
             f"trainer.n_gpus_per_node={tr.n_gpus_per_node}: this machine has {count} CUDA device(s); "
             f"set trainer.n_gpus_per_node={count} or fewer"
         ]
-    overlap = nccl_device_overlap(cfg, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [overlap] if overlap else []
-
-
-def trainer_device_ids(n_gpus_per_node: int, visible: str | None) -> list[int] | None:
-    """The CUDA device ids (as ``CUDA_VISIBLE_DEVICES`` numbers them) of the trainer's ranks on
-    this node: the first ``n_gpus_per_node`` of its visible devices; None when ``visible`` names
-    devices by UUID (nothing to compare a server's ids with)."""
-    if visible is None or not visible.strip():
-        return list(range(n_gpus_per_node))
-    try:
-        ids = [int(v) for v in visible.split(",") if v.strip()]
-    except ValueError:
-        return None
-    return ids[:n_gpus_per_node]
-
-
-def nccl_device_overlap(cfg: Any, visible: str | None) -> str | None:
-    """The problem with a vLLM server taking the weights by an NCCL broadcast
-    (``rollout.weight_transfer=collective`` on CUDA) on a device that one of the trainer's ranks
-    also uses: NCCL cannot put two ranks of a group on one GPU. None when there is none.
-    ``visible`` is the trainer's ``CUDA_VISIBLE_DEVICES``; ``server_devices`` become the server's."""
-    r = cfg.actor_rollout_ref.rollout
-    transfer = getattr(r, "weight_transfer", None)
-    if cfg.trainer.device != "cuda" or r.name != "vllm" or r.placement != "server" or not r.server_devices:
-        return None
-    if transfer not in (None, "collective"):  # null resolves to collective for a server on devices of its own
-        return None
-    mine = trainer_device_ids(int(cfg.trainer.n_gpus_per_node), visible)
-    shared = sorted(set(mine or ()) & {int(d) for d in r.server_devices})
-    if not shared:
-        return None
-    return (
-        f"actor_rollout_ref.rollout.server_devices={list(r.server_devices)}: device(s) {shared} are also "
-        f"the trainer's (its {cfg.trainer.n_gpus_per_node} rank(s) use {mine}), and weight_transfer="
-        "collective broadcasts over NCCL, which cannot put two ranks on one GPU; give the server "
-        "other devices, or set actor_rollout_ref.rollout.weight_transfer=socket"
-    )
+    devices = cfg.actor_rollout_ref.rollout.server_devices
+    if devices and max(int(d) for d in devices) >= count:
+        return [
+            f"actor_rollout_ref.rollout.server_devices={list(devices)}: this machine shows {count} CUDA "
+            f"device(s) to the trainer, numbered 0 to {count - 1} (within CUDA_VISIBLE_DEVICES when it is "
+            "set); pick the server's ids among them"
+        ]
+    return []

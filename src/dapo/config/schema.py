@@ -340,8 +340,9 @@ class RolloutConfig:
     # ours: "colocated" runs vLLM in the trainer's process (verl's hybrid engine); "server" starts a
     # vLLM server process on 127.0.0.1 and talks HTTP to it (weights streamed over a local socket)
     placement: str = "colocated"
-    # ours: the CUDA device ids the vLLM server runs on (its CUDA_VISIBLE_DEVICES, at least
-    # tensor_model_parallel_size of them); null shares the trainer's devices
+    # ours: the CUDA device ids the vLLM server runs on (at least tensor_model_parallel_size of them),
+    # counted as the trainer's ranks count theirs (cuda:i): within the trainer's CUDA_VISIBLE_DEVICES when
+    # it is set; null shares the trainer's devices
     server_devices: list[int] | None = None
     # ours: how the weights reach vLLM workers in other processes (the server's, and the in-process engine's
     # when tensor_model_parallel_size > 1; with one in-process worker the loader is handed the tensors

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from dapo.checkpoint.rows import RowBlock
+from dapo.errors import DapoError
 from dapo.rollout.vllm_rollout import (
     WEIGHT_RECEIVER,
     WEIGHTS,
@@ -73,6 +74,10 @@ GUARD = Path(__file__).with_name("vllm_server_guard.py")
 
 class ServerError(RuntimeError):
     """The vLLM server did not start or did not answer."""
+
+
+class ConfigValueError(DapoError, ValueError):
+    """A server setting this machine cannot meet (one ``dapo:`` line)."""
 
 
 def free_port() -> int:
@@ -119,8 +124,23 @@ def server_env(settings: VllmSettings, devices: list[int] | None) -> dict[str, s
     if src not in site.getsitepackages():  # a source checkout: an installed dapo is importable as is
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(d)) for d in devices)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return env
+
+
+def visible_devices(devices: list[int], visible: str | None) -> str:
+    """The server's ``CUDA_VISIBLE_DEVICES`` for ``rollout.server_devices``, which count the
+    devices the trainer sees, as its ranks' ``cuda:i`` do: with the trainer's own ``visible``
+    set, device ``i`` is its ``i``-th entry (an index or a UUID), else device ``i``."""
+    if visible is None or not visible.strip():
+        return ",".join(str(int(d)) for d in devices)
+    mine = [v.strip() for v in visible.split(",") if v.strip()]
+    if any(int(d) >= len(mine) for d in devices):
+        raise ConfigValueError(
+            f"actor_rollout_ref.rollout.server_devices={list(devices)}: the trainer sees {len(mine)} CUDA "
+            f"device(s) (CUDA_VISIBLE_DEVICES={visible}), numbered 0 to {len(mine) - 1}; pick ids among them"
+        )
+    return ",".join(mine[int(d)] for d in devices)
 
 
 def connection_limit() -> int:
