@@ -9,8 +9,10 @@ weights) both ways, for each placement, interleaved, and reads each step's
 ``perf/max_memory_allocated_gb`` (on CPU: the trainer process's peak RSS, ``ru_maxrss``) from
 the run's ``metrics.jsonl``. The copy is brought back by making ``driver_holds_weights`` answer
 true in the trainer's process, which is the code path the async modes and the own engine still
-take. Each run writes a checkpoint at its last step, so the checkpoint's stream from the ranks
-is inside the figure too.
+take. Each step's figure is read at the end of its update, so a validation or a checkpoint is in
+the figure of the step after it: each run validates and writes a checkpoint at its next-to-last
+step, and the last step's figure is the run's peak with both (the final validation is not in
+it).
 
     DAPO_CACHE=DIR .venv/bin/python benchmarks/train_rss.py [--placements colocated server]
         [--ranks 2] [--steps 3] [--repeats 2] [--json out.json]
@@ -48,10 +50,10 @@ def run_args(run_dir: Path, placement: str, ranks: int, steps: int) -> list[str]
         "smollm2",
         f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={steps}",
-        f"trainer.save_freq={steps}",
+        f"trainer.save_freq={steps - 1}",
         "trainer.save_final_model=false",
         "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
+        f"trainer.test_freq={steps - 1}",
         "trainer.report_freq=-1",
         "trainer.logger=[console,jsonl]",
         f"trainer.n_gpus_per_node={ranks}",
@@ -97,6 +99,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default=None, help="append each run's figures here (one JSON object a line)")
     args = ap.parse_args()
+    if args.steps < 3:
+        ap.error(
+            "--steps must be at least 3: the checkpoint and validation at step steps-1 are read at the last step"
+        )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = Path(tempfile.mkdtemp(prefix="dapo-train-rss-"))
     model_mib = None
@@ -106,7 +112,7 @@ def main() -> None:
                 run_dir = root / f"{placement}-{'copy' if copy else 'layout'}-{repeat}"
                 r = one_run(run_dir, placement, args.ranks, args.steps, copy)
                 model_mib = model_mib or next(m for m in r["weight_sync_mb"] if m)
-                r.update(repeat=repeat, model_mib=model_mib, load=os.getloadavg())
+                r.update(repeat=repeat, model_mib=model_mib, load_1_5_15min=os.getloadavg())
                 print(json.dumps(r), flush=True)
                 if args.json:
                     with open(args.json, "a") as f:
