@@ -108,6 +108,9 @@ class _Worker(WeightReceiver):
         if self.fail:
             raise ValueError("shape mismatch in layer 3")
 
+    def dapo_largest_numel(self) -> int:
+        return 64  # the stand-in's largest tensor: the frames below hold at most 18 elements
+
 
 def test_gpu_path_stream_to_two_tp_workers():
     """Two workers (the tensor-parallel case) pull one stream: both get every tensor bit for bit
@@ -182,12 +185,12 @@ def test_gpu_path_stream_and_assembly_refuse_what_no_sync_sends():
     from dapo.checkpoint.rows import RowAssembly
     from dapo.rollout.vllm_weight_stream import receive
 
-    def frames(*headers: bytes, raw: bytes = b"") -> list:
+    def frames(*headers: bytes, raw: bytes = b"", max_numel: int | None = None) -> list:
         a, b = socket.socketpair()
         with a:
             a.sendall(raw + b"".join(struct.pack("!I", len(h)) + h for h in headers))
         with b:
-            return list(receive(b))
+            return list(receive(b, max_numel))
 
     with pytest.raises(ValueError, match="a frame header of 2097152 bytes"):
         frames(raw=struct.pack("!I", 2**21))  # refused before its bytes are read
@@ -197,6 +200,21 @@ def test_gpu_path_stream_and_assembly_refuse_what_no_sync_sends():
     with pytest.raises(ValueError, match=r"w has shape \[-1\]"):
         frames(json.dumps(head | {"dtype": "float32", "shape": [-1]}).encode())
     assert frames(json.dumps(head | {"dtype": "bfloat16", "shape": [0]}).encode(), b'{"end": true}')
+    # a whole tensor's shape is a claim too: past the worker's largest tensor it is refused before
+    # it is allocated (10**12 float32 would be 4 TB)
+    huge = json.dumps(head | {"dtype": "float32", "shape": [10**6, 10**6]}).encode()
+    with pytest.raises(ValueError, match=r"w has shape \[1000000, 1000000\], more elements than the largest"):
+        frames(huge, max_numel=4096)
+    fits = json.dumps(head | {"dtype": "float32", "shape": [2, 2]}).encode()
+    end = b'{"end": true}'
+    payload = torch.arange(4, dtype=torch.float32)
+    a, b = socket.socketpair()
+    with a:
+        a.sendall(struct.pack("!I", len(fits)) + fits + payload.numpy().tobytes())
+        a.sendall(struct.pack("!I", len(end)) + end)
+    with b:
+        ((name, t),) = list(receive(b, max_numel=4))  # exactly the bound is taken
+    assert name == "w" and torch.equal(t, payload.reshape(2, 2))
 
     r, big = torch.ones(2, 3), 10**6
     with pytest.raises(ValueError, match=r"weight sync: w: whole shape \(1000000, 3\) is larger"):

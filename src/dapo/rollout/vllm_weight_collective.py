@@ -41,7 +41,6 @@ load inside vLLM's worker processes.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import socket
 import threading
@@ -221,15 +220,10 @@ class Receiver:
                 self.out_of_step = True
                 raise ValueError(f"weight collective: a header without its size: {str(h)[:200]}")
             try:
-                f = read_header(h)
+                f = read_header(h, self.max_numel)
                 if f.nbytes != nbytes:
                     raise ValueError(
                         f"weight collective: {f.name} is {f.nbytes} bytes, the header says {nbytes}"
-                    )
-                if self.max_numel is not None and math.prod(f.shape) > self.max_numel:
-                    raise ValueError(
-                        f"weight collective: {f.name} has shape {list(f.shape)}, more elements than the "
-                        f"largest tensor this worker takes ({self.max_numel})"
                     )
             except ValueError:
                 self.link.skip(nbytes)  # still in step with the trainer for drain()

@@ -120,10 +120,11 @@ class Frame(NamedTuple):
         return t if self.start is None else RowBlock(self.start, t, self.whole)
 
 
-def read_header(h: Any) -> Frame:
+def read_header(h: Any, max_numel: int | None = None) -> Frame:
     """A frame header's fields, refused (``ValueError``) unless the dtype is a weight's (by name,
-    from a fixed list: a header never names a torch attribute) and the shapes and first row
-    are non-negative integers."""
+    from a fixed list: a header never names a torch attribute), the shapes and first row are
+    non-negative integers and the frame holds at most ``max_numel`` elements (the receiver's
+    largest tensor: a shape is a claim, checked before anything is allocated)."""
     if not isinstance(h, dict) or not isinstance(h.get("name"), str):
         raise ValueError(f"weight stream: a frame header without a name: {str(h)[:200]}")
     name, dtype = h["name"], _DTYPES.get(h.get("dtype"))  # type: ignore[arg-type]
@@ -134,6 +135,11 @@ def read_header(h: Any) -> Frame:
     dims = [*shape, *whole] if isinstance(shape, list) and isinstance(whole, list) else [None]
     if not all(_count(d) for d in (*dims, 0 if start is None else start)):
         raise ValueError(f"weight stream: {name} has shape {shape} of whole {whole} from row {start}")
+    if max_numel is not None and math.prod(shape) > max_numel:
+        raise ValueError(
+            f"weight stream: {name} has shape {list(shape)}, more elements than the largest tensor "
+            f"this worker takes ({max_numel})"
+        )
     return Frame(name, dtype, tuple(shape), start, tuple(whole))
 
 
@@ -141,14 +147,16 @@ def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def receive(sock: socket.socket) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
+def receive(
+    sock: socket.socket, max_numel: int | None = None
+) -> Iterator[tuple[str, torch.Tensor | RowBlock]]:
     """The ``(name, tensor)`` frames of one stream (a block of rows as a :class:`RowBlock`),
-    each tensor freshly allocated."""
+    each tensor freshly allocated; a frame of more than ``max_numel`` elements is refused."""
     while True:
         h = _recv_frame_header(sock)
         if h.get("end"):
             return
-        f = read_header(h)
+        f = read_header(h, max_numel)
         t = torch.empty(f.shape, dtype=f.dtype)
         if t.numel():
             _recv_exact(sock, memoryview(t.reshape(-1).view(torch.uint8).numpy()))
@@ -269,7 +277,7 @@ class WeightReceiver:
         with socket.create_connection((host, int(port)), timeout=600) as sock:
             sock.sendall(token.encode())
             try:
-                self.dapo_reload_weights(receive(sock))
+                self.dapo_reload_weights(receive(sock, self.dapo_largest_numel()))
             except BaseException as e:
                 sock.sendall(f"{type(e).__name__}: {e}"[:4000].encode() or b"error")
                 raise
