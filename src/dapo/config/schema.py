@@ -347,8 +347,9 @@ class RolloutConfig:
     # ours: how the weights reach vLLM workers in other processes (the server's, and the in-process engine's
     # when tensor_model_parallel_size > 1; with one in-process worker the loader is handed the tensors
     # directly and this key has no effect): "socket" streams them over a local socket through host memory;
-    # "collective" broadcasts them in a torch.distributed group (gloo on cpu, nccl on cuda: GPU to GPU, but
-    # only to a server on server_devices, as NCCL cannot put the trainer and a worker on one GPU); null:
+    # "collective" broadcasts them in a torch.distributed group (gloo on cpu; nccl on cuda, not yet run on a
+    # GPU: GPU to GPU from an in-process actor, through host memory from FSDP ranks; only to a server on
+    # server_devices, as NCCL cannot put the trainer and a worker on one GPU); null:
     # collective on cuda with server_devices none of which the trainer uses (0 .. n_gpus_per_node-1),
     # socket otherwise
     weight_transfer: str | None = None
