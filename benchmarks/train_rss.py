@@ -20,7 +20,8 @@ it).
 ``DAPO_CACHE`` (default ``~/.cache/dapo``) must hold the smollm2 preset's model and data
 (docs/smollm2.md, "Setup"). Each run starts its own ranks and vLLM engine: about 1.5 min
 (colocated) to 3 min (server) on two shared cores. The figures are memory, not time, so the
-machine's load does not change them. Results are appended to ``--json`` as each run ends.
+machine's load does not change them. Results are appended to ``--json`` as each run ends; each
+run's directory is removed once its figures are read (its log is kept beside it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +80,7 @@ def one_run(run_dir: Path, placement: str, ranks: int, steps: int, copy: bool) -
     if rc != 0:
         raise SystemExit(f"train_rss: the run exited with {rc}; its log is {log}")
     steps_seen = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(run_dir)  # its checkpoint holds several copies of the model (GBs per run)
     peaks = [s["perf/max_memory_allocated_gb"] for s in steps_seen]
     return {
         "placement": placement,
