@@ -151,7 +151,7 @@ def test_server_placement_sigkill_resume_matches_colocated(
             proc.wait()
     assert _wait_gone(pgid), "the vLLM server outlived the SIGKILLed trainer by 300 s"
     # weights travel over a socket: the run leaves nothing in /dev/shm to clean up
-    assert "weights streamed over a local socket" in log.read_text()
+    assert "weights sent over a local socket" in log.read_text()
 
     resumed = tmp_path / "resumed"
     _cut_to_step(run, resumed, 2)
