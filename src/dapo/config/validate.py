@@ -323,7 +323,7 @@ def config_warnings(cfg: Any, resolved: Any) -> list[str]:
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-WEIGHT_TRANSFERS = ("socket", "collective")  # dapo.rollout.vllm_weight_transfer.TRANSFERS
+WEIGHT_TRANSFERS = ("socket", "collective")  # the transports dapo.rollout.vllm_weight_transfer builds
 
 
 def _vllm_problems(rollout: Any, cfg: Any) -> list[str]:

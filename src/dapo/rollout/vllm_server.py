@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from dapo.checkpoint.rows import RowBlock
-from dapo.errors import DapoError
+from dapo.config.load import ConfigError
 from dapo.rollout.vllm_rollout import (
     WEIGHT_RECEIVER,
     WEIGHTS,
@@ -74,10 +74,6 @@ GUARD = Path(__file__).with_name("vllm_server_guard.py")
 
 class ServerError(RuntimeError):
     """The vLLM server did not start or did not answer."""
-
-
-class ConfigValueError(DapoError, ValueError):
-    """A server setting this machine cannot meet (one ``dapo:`` line)."""
 
 
 def free_port() -> int:
@@ -136,9 +132,11 @@ def visible_devices(devices: list[int], visible: str | None) -> str:
         return ",".join(str(int(d)) for d in devices)
     mine = [v.strip() for v in visible.split(",") if v.strip()]
     if any(int(d) >= len(mine) for d in devices):
-        raise ConfigValueError(
-            f"actor_rollout_ref.rollout.server_devices={list(devices)}: the trainer sees {len(mine)} CUDA "
-            f"device(s) (CUDA_VISIBLE_DEVICES={visible}), numbered 0 to {len(mine) - 1}; pick ids among them"
+        raise ConfigError(
+            [
+                f"actor_rollout_ref.rollout.server_devices={list(devices)}: the trainer sees {len(mine)} CUDA "
+                f"device(s) (CUDA_VISIBLE_DEVICES={visible}), numbered 0 to {len(mine) - 1}; pick ids among them"
+            ]
         )
     return ",".join(mine[int(d)] for d in devices)
 

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from dapo.checkpoint.rows import RowBlock
-from dapo.rollout.vllm_weight_stream import MAX_HEADER, ThreadedSender, frame_header, read_header
+from dapo.rollout.vllm_weight_stream import MAX_HEADER, ThreadedSender, frame_header, is_count, read_header
 
 RPC_METHOD = "dapo_receive_weights_collective"  # WeightReceiver's method that joins the group
 BACKENDS = ("gloo", "nccl")
@@ -216,7 +216,7 @@ class Receiver:
                     raise RuntimeError(f"the trainer stopped the weight stream: {h['error']}")
                 return
             nbytes = h.get("nbytes")
-            if not (isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0):
+            if not is_count(nbytes):
                 self.out_of_step = True
                 raise ValueError(f"weight collective: a header without its size: {str(h)[:200]}")
             try:
@@ -243,7 +243,7 @@ class Receiver:
                 self.ended = True
                 break
             nbytes = h.get("nbytes")
-            if not (isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0):
+            if not is_count(nbytes):
                 self.out_of_step = True
                 break
             self.link.skip(nbytes)

@@ -133,7 +133,7 @@ def read_header(h: Any, max_numel: int | None = None) -> Frame:
     shape, start = h.get("shape"), h.get("start")
     whole = h.get("whole") if start is not None else shape
     dims = [*shape, *whole] if isinstance(shape, list) and isinstance(whole, list) else [None]
-    if not all(_count(d) for d in (*dims, 0 if start is None else start)):
+    if not all(is_count(d) for d in (*dims, 0 if start is None else start)):
         raise ValueError(f"weight stream: {name} has shape {shape} of whole {whole} from row {start}")
     if max_numel is not None and math.prod(shape) > max_numel:
         raise ValueError(
@@ -143,7 +143,8 @@ def read_header(h: Any, max_numel: int | None = None) -> Frame:
     return Frame(name, dtype, tuple(shape), start, tuple(whole))
 
 
-def _count(v: Any) -> bool:
+def is_count(v: Any) -> bool:
+    """Whether a header field is a count: a non-negative int (a JSON ``true`` is not one)."""
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 

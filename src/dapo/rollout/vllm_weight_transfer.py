@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo.checkpoint.rows import RowBlock
+from dapo.config.validate import WEIGHT_TRANSFERS
 
 if TYPE_CHECKING:
     from dapo.rollout.vllm_rollout import VllmSettings
-
-TRANSFERS = ("socket", "collective")
 
 
 def make_sender(transfer: str, workers: int, device: str) -> Any:
@@ -29,7 +28,7 @@ def make_sender(transfer: str, workers: int, device: str) -> Any:
         from dapo.rollout.vllm_weight_stream import WeightSender
 
         return WeightSender(expected=workers)
-    raise ValueError(f"weight_transfer must be one of {', '.join(TRANSFERS)}, got {transfer!r}")
+    raise ValueError(f"weight_transfer must be one of {', '.join(WEIGHT_TRANSFERS)}, got {transfer!r}")
 
 
 def push_weights(
